@@ -1,0 +1,39 @@
+"""``quicksilver`` command line. Each sub-command lives in its own module under
+:mod:`quicksilver.commands` and registers itself; this file only discovers and dispatches them."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from quicksilver import __version__, commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quicksilver", description="Diffusion language models.")
+    parser.add_argument("--version", action="version", version=f"quicksilver {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except (ValueError, OSError, LookupError) as exc:  # user errors: one line, no traceback
+        print(f"quicksilver {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

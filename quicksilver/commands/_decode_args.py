@@ -1,0 +1,39 @@
+"""Decoding flags shared by generate, chat and other commands."""
+
+from __future__ import annotations
+
+import argparse
+
+from quicksilver.sampling import POLICIES
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
+    p.add_argument("--policy", choices=POLICIES, help="unmasking policy")
+    p.add_argument("--threshold", type=float, help="confidence threshold (threshold policy)")
+    p.add_argument("--factor", type=float, help="factor rule parameter (factor policy)")
+    p.add_argument("--block-size", type=int, help="decode block size")
+    p.add_argument("--steps", type=int, help="denoising steps per block (low_confidence policy)")
+    p.add_argument("--max-tokens", type=int, help="maximum tokens to generate")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--cache", choices=("auto", "none", "prefix", "dual"))
+    p.add_argument("--remask-threshold", type=float, help="self-correction: re-mask tokens below this")
+    p.add_argument("--edit-threshold", type=float, help="self-correction: edit tokens to a new choice above this")
+
+
+def params_from_args(args: argparse.Namespace, defaults):
+    """SamplingParams = the model's generation defaults overridden by the flags given."""
+    mapping = {
+        "policy": "policy", "threshold": "threshold", "factor": "factor", "block_size": "block_size",
+        "steps": "steps_per_block", "max_tokens": "max_tokens", "temperature": "temperature",
+        "top_p": "top_p", "top_k": "top_k", "seed": "seed", "cache": "cache",
+        "remask_threshold": "remask_threshold", "edit_threshold": "edit_threshold",
+    }
+    changes = {field: getattr(args, flag) for flag, field in mapping.items() if getattr(args, flag, None) is not None}
+    if getattr(args, "stop", None):
+        changes["stop"] = tuple(args.stop)
+    return defaults.replace(**changes)

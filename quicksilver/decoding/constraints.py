@@ -1,0 +1,37 @@
+"""Constraint hooks for the decode loop.
+
+A constraint can pin tokens on the canvas before decoding (a JSON skeleton: braces, keys and
+punctuation fixed, value slots left masked), restrict which tokens each masked position may take, and
+veto commits (for left-to-right grammar gating). The loop calls these hooks; it knows nothing of JSON.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from quicksilver.decoding.denoise import DecodeState
+
+
+class Constraint:
+    """Base class: no constraint. Subclasses override what they need."""
+
+    def pinned_tokens(self, state: DecodeState) -> dict[int, int]:
+        """Canvas positions (absolute) to fix before decoding, as {position: token id}."""
+        return {}
+
+    def mask_logits(self, state: DecodeState, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Return logits [n, V] for canvas ``positions`` with forbidden tokens set to -inf."""
+        return logits
+
+    def allow_commits(
+        self, state: DecodeState, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
+    ) -> torch.Tensor:
+        """Filter the policy's choice ``keep`` [n]; must leave at least one True if any was True."""
+        return keep
+
+    def finished(self, state: DecodeState) -> bool:
+        """True once the constraint considers the answer complete (e.g. the skeleton is filled)."""
+        return False

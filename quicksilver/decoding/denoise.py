@@ -1,0 +1,474 @@
+"""The denoise loop: one decode loop for every attention mode, policy and cache.
+
+A request is a :class:`DecodeState`: the prompt followed by a canvas of masks that is decoded block by
+block. :meth:`Decoder.step` runs ONE forward for a whole batch of states (each with its own cache
+length, block and parameters) and then, per state, samples the masked positions of its current block,
+lets the unmasking policy choose which to commit, optionally revises committed tokens, and moves to the
+next block when this one is full. ``generate`` is just ``step`` in a loop over one state; the serving
+engine calls ``step`` over many.
+
+Which positions are fed to the model, and what is cached, depends on the attention mode:
+
+* block_causal / causal: exact cache of finished model blocks; each step feeds the not-yet-cached
+  finished tokens plus the current block (a causal model feeds no masks at all). The forward that
+  writes a finished block's keys is the same forward that starts the next block.
+* bidirectional: no cache (whole canvas every step), "prefix" cache or "dual" cache, both refreshed by
+  a full forward at the start of each block (Fast-dLLM).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from quicksilver.decoding.constraints import Constraint
+from quicksilver.decoding.kv_cache import KVCache
+from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
+from quicksilver.model import KV, Transformer, attention_mask
+from quicksilver.sampling import SamplingParams, make_generator, sample_tokens
+from quicksilver.tokenizer import Tokenizer
+
+_request_ids = itertools.count()
+
+
+@dataclass
+class DecodeStats:
+    forwards: int = 0
+    steps: int = 0
+    tokens: int = 0  # tokens returned to the user (the EOS and anything after it are not counted)
+    committed: int = 0  # canvas positions committed, padding after EOS included
+    remasked: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    wall_time: float = 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.wall_time if self.wall_time else 0.0
+
+    def line(self) -> str:
+        return (
+            f"{self.tokens} tokens, {self.forwards} forwards, {self.tokens_per_forward:.2f} tokens/forward, "
+            f"{self.wall_time:.3f} s, {self.tokens_per_second:.1f} tokens/s"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "tokens": self.tokens, "forwards": self.forwards, "steps": self.steps,
+            "committed": self.committed, "remasked": self.remasked,
+            "tokens_per_forward": round(self.tokens_per_forward, 4),
+            "wall_time_s": round(self.wall_time, 6), "tokens_per_second": round(self.tokens_per_second, 3),
+            "time_to_first_token_s": None if self.first_token_time is None
+            else round(self.first_token_time - self.started, 6),
+        }
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    stats: DecodeStats
+
+
+@dataclass
+class _Plan:
+    """What one state feeds into a batched forward, and what it wants back."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    past: list[KV] | None  # per layer [1, H, S, D]
+    past_positions: torch.Tensor  # [S]
+    logit_rows: torch.Tensor  # rows of the output whose logits are needed
+    logit_positions: torch.Tensor  # canvas positions those rows predict
+    store: tuple[int, int, int] | None  # (first row, cache position, count) of keys to write
+    reset_cache: bool = False
+
+
+class DecodeState:
+    """One request being decoded."""
+
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        decoder: Decoder,
+        constraint: Constraint | None = None,
+        request_id: str | None = None,
+    ):
+        cfg = decoder.model.config
+        self.request_id = request_id or f"req-{next(_request_ids)}"
+        self.params = params
+        self.constraint = constraint
+        self.mode = cfg.attention_mode
+        self.shift = int(cfg.token_shift)
+        self.mask_id = cfg.mask_token_id
+        self.end_ids = torch.tensor(cfg.end_token_ids)
+        self.model_block = 1 if self.mode == "causal" else cfg.block_size
+        if self.mode == "causal":
+            self.block = 1
+        else:
+            self.block = params.block_size or (cfg.block_size if self.mode == "block_causal" else 32)
+        self.cache_mode = params.cache
+        if self.cache_mode == "auto":
+            self.cache_mode = ("dual" if params.lookahead else "prefix") if self.mode == "bidirectional" else "exact"
+        elif self.cache_mode in ("prefix", "dual") and self.mode != "bidirectional":
+            self.cache_mode = "exact"  # exact caches are strictly better where they exist
+        if self.cache_mode == "none":
+            self.cache_mode = None
+        self.prompt_len = len(prompt_ids)
+        if self.shift and self.prompt_len == 0:
+            raise ValueError("this model predicts the next token: the prompt must not be empty")
+        self.total = self.prompt_len + params.max_tokens  # end of the answer region
+        if self.total > cfg.max_position_embeddings:
+            raise ValueError(
+                f"prompt ({self.prompt_len} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+                f"model's context of {cfg.max_position_embeddings} tokens"
+            )
+        mb = self.model_block
+        buf_len = -(-self.total // mb) * mb + (params.lookahead if self.mode == "bidirectional" else 0)
+        self.tokens = torch.full((buf_len,), self.mask_id, dtype=torch.long)
+        self.tokens[: self.prompt_len] = torch.tensor(list(prompt_ids), dtype=torch.long)
+        self.committed = torch.zeros(buf_len, dtype=torch.bool)
+        self.committed[: self.prompt_len] = True
+        self.fixed = self.committed.clone()  # prompt and pinned tokens: never sampled, never revised
+        self.generator = make_generator(params.seed)
+        self.policy: UnmaskPolicy = make_unmask_policy(params)
+        self.correction = SelfCorrection.from_params(params, self.block)
+        self.cache = (
+            KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, decoder.model.dtype)
+            if self.cache_mode else None
+        )
+        self.stats = DecodeStats()
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.end_pos: int | None = None  # first committed end-of-answer token
+        self.stop_text: str | None = None  # answer text cut at a stop string
+        self.frontier = self.prompt_len  # first position not yet committed
+        self.step_in_block = 0
+        self.revisions_in_block = 0
+        self.needs_refresh = True
+        if constraint is not None:
+            for pos, tok in constraint.pinned_tokens(self).items():
+                self.tokens[pos] = tok
+                self.committed[pos] = self.fixed[pos] = True
+        self._advance_frontier()
+        self._set_block()
+
+    # -- block bookkeeping -------------------------------------------------------------------------
+    def _answer_end(self) -> int:
+        return self.end_pos if self.end_pos is not None else self.total
+
+    def _advance_frontier(self) -> None:
+        end = self._answer_end()
+        rest = (~self.committed[self.frontier : end]).nonzero()
+        self.frontier = end if rest.numel() == 0 else self.frontier + int(rest[0])
+
+    def _set_block(self) -> None:
+        f = self.frontier
+        if self.mode == "bidirectional":  # blocks counted from the start of the answer
+            self.block_start = self.prompt_len + (f - self.prompt_len) // self.block * self.block
+        else:  # blocks at absolute positions, matching the model's training blocks
+            self.block_start = max(self.prompt_len, f // self.block * self.block)
+        self.block_end = min(self._answer_end(), f // self.block * self.block + self.block
+                             if self.mode != "bidirectional" else self.block_start + self.block)
+        self.step_in_block = 0
+        self.revisions_in_block = 0
+        self.needs_refresh = True
+
+    @property
+    def answer_ids(self) -> list[int]:
+        end = self.end_pos if self.end_pos is not None else self.frontier
+        return self.tokens[self.prompt_len : end].tolist()
+
+    @property
+    def committed_prefix_len(self) -> int:
+        """Answer tokens committed contiguously from the start (safe to stream)."""
+        return min(self.frontier, self._answer_end()) - self.prompt_len
+
+    # -- planning the forward ------------------------------------------------------------------------
+    def plan(self) -> _Plan:
+        bs, be, shift = self.block_start, self.block_end, self.shift
+        region = torch.arange(bs, be)
+        open_ = ~self.committed[bs:be]
+        if self.correction is not None:
+            want = open_ | (self.committed[bs:be] & ~self.fixed[bs:be])
+        else:
+            want = open_
+        logit_positions = region[want]
+        mb = self.model_block
+        store = None
+        reset = False
+        past: list[KV] | None = None
+        if self.mode == "bidirectional":
+            vis_end = min(be + self.params.lookahead, len(self.tokens))
+            if self.cache_mode is None or self.needs_refresh:
+                start, end = 0, vis_end
+                if self.cache_mode == "prefix":
+                    store, reset = (0, 0, bs - shift), True
+                elif self.cache_mode == "dual":
+                    store, reset = (0, 0, vis_end), True
+            else:
+                start = bs - shift
+                end = be if self.cache_mode == "dual" else vis_end
+                past = (self.cache.view_without(start, be) if self.cache_mode == "dual"
+                        else self.cache.view(start))
+        else:
+            if self.mode == "causal":
+                end = be - shift  # the masks themselves carry nothing a causal model can use
+            else:
+                end = -(-be // mb) * mb  # the whole model block: its later masks are visible in-block
+            if self.cache_mode is None:
+                start = 0
+            else:
+                start = min(self.cache.length, bs - shift)
+                past = self.cache.view(start) if start else None
+                store_end = self.frontier if self.mode == "causal" else self.frontier // mb * mb
+                store_end = min(store_end, end)
+                if store_end > self.cache.length:
+                    n = store_end - self.cache.length
+                    store = (self.cache.length - start, self.cache.length, n)
+        if past is not None:
+            s = past[0][0].shape[2]
+            if self.cache_mode == "dual" and self.mode == "bidirectional":
+                past_positions = torch.cat([torch.arange(0, start), torch.arange(be, be + s - start)])
+            else:
+                past_positions = torch.arange(0, s)
+        else:
+            past_positions = torch.arange(0)
+        return _Plan(
+            input_ids=self.tokens[start:end],
+            positions=torch.arange(start, end),
+            past=past,
+            past_positions=past_positions,
+            logit_rows=logit_positions - shift - start,
+            logit_positions=logit_positions,
+            store=store,
+            reset_cache=reset,
+        )
+
+    # -- applying a step -------------------------------------------------------------------------------
+    def apply(self, positions: torch.Tensor, logits: torch.Tensor, decoder: Decoder) -> None:
+        self.stats.forwards += 1
+        self.stats.steps += 1
+        logits[:, self.mask_id] = float("-inf")  # the model never "predicts" a mask
+        if self.constraint is not None:
+            logits = self.constraint.mask_logits(self, positions, logits)
+        tokens, conf, probs = sample_tokens(logits, self.params, self.generator)
+        is_open = ~self.committed[positions]
+        # 1. self-correction of tokens committed earlier in this block
+        if self.correction is not None and bool((~is_open).any()):
+            done = (~is_open).nonzero().flatten()
+            if self.end_pos is not None:
+                done = done[positions[done] < self.end_pos]
+            current = self.tokens[positions[done]]
+            edit, remask = self.correction.revise(current, probs[done], self.revisions_in_block)
+            if bool(edit.any()):
+                self.tokens[positions[done[edit]]] = probs[done[edit]].argmax(-1)
+            if bool(remask.any()):
+                p = positions[done[remask]]
+                self.tokens[p] = self.mask_id
+                self.committed[p] = False
+                self.frontier = min(self.frontier, int(p.min()))
+            n_rev = int(edit.sum() + remask.sum())
+            self.revisions_in_block += n_rev
+            self.stats.remasked += n_rev
+        # 2. commit some of the positions that were masked at the start of this step
+        cand = is_open.nonzero().flatten()
+        if cand.numel():
+            ctx = StepContext(self.step_in_block, self.block_end - self.block_start)
+            keep = self.policy.select(conf[cand], probs[cand], ctx)
+            if self.constraint is not None:
+                keep = self.constraint.allow_commits(self, positions[cand], tokens[cand], keep)
+            chosen = cand[keep]
+            pos = positions[chosen]
+            self.tokens[pos] = tokens[chosen]
+            self.committed[pos] = True
+            self.stats.committed += int(pos.numel())
+            if self.stats.first_token_time is None and bool((pos == self.prompt_len).any()):
+                self.stats.first_token_time = time.perf_counter()
+        self.step_in_block += 1
+        self._after_commit(decoder)
+
+    def _after_commit(self, decoder: Decoder) -> None:
+        bs, be = self.block_start, self.block_end
+        if not self.params.ignore_eos:
+            seg = self.tokens[bs:be]
+            is_end = torch.isin(seg, self.end_ids) & self.committed[bs:be] & ~self.fixed[bs:be]
+            if bool(is_end.any()):
+                self.end_pos = bs + int(is_end.nonzero()[0])
+                # everything after the end is padding: nothing to decode there
+                tail = slice(self.end_pos + 1, be)
+                self.committed[tail] = True
+                self.block_end = min(self.block_end, self.end_pos)
+        self._advance_frontier()
+        if self.params.stop:
+            text = decoder.tokenizer.decode(self.tokens[self.prompt_len : self.frontier].tolist())
+            cut = [i for i in (text.find(s) for s in self.params.stop) if i >= 0]
+            if cut:
+                self.stop_text = text[: min(cut)]
+                return self._finish("stop")
+        if self.end_pos is not None and self.frontier >= self.end_pos:
+            return self._finish("stop")
+        if self.constraint is not None and self.constraint.finished(self):
+            return self._finish("stop")
+        if self.frontier >= self.total:
+            return self._finish("length")
+        if self.frontier >= self.block_end:
+            self._set_block()
+
+    def _finish(self, reason: str) -> None:
+        self.finished = True
+        self.finish_reason = reason
+        self.stats.tokens = len(self.answer_ids)
+        self.stats.wall_time = time.perf_counter() - self.stats.started
+
+    def canvas_text(self, tokenizer: Tokenizer, mask_glyph: str = "_") -> str:
+        """The answer region as text, masks shown as ``mask_glyph`` (for --show-steps)."""
+        out: list[str] = []
+        end = self._answer_end()
+        ids = self.tokens[self.prompt_len : end].tolist()
+        done = self.committed[self.prompt_len : end].tolist()
+        run: list[int] = []
+        for tok, ok in zip(ids, done, strict=True):
+            if ok:
+                run.append(tok)
+            else:
+                if run:
+                    out.append(tokenizer.decode(run))
+                    run = []
+                out.append(mask_glyph)
+        if run:
+            out.append(tokenizer.decode(run))
+        return "".join(out)
+
+
+class Decoder:
+    """Runs batched diffusion decoding steps for a model (the "model runner" and loop)."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, defaults: SamplingParams | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.defaults = defaults or SamplingParams()
+
+    def start(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        constraint: Constraint | None = None,
+        request_id: str | None = None,
+    ) -> DecodeState:
+        return DecodeState(prompt_ids, params or self.defaults, self, constraint, request_id)
+
+    @torch.inference_mode()
+    def step(self, states: Sequence[DecodeState]) -> None:
+        """One forward for all unfinished ``states``, then one decoding step for each."""
+        live = [s for s in states if not s.finished]
+        if not live:
+            return
+        plans = [s.plan() for s in live]
+        outputs = self._forward(plans)
+        for st, plan, (hidden_rows, new_kv) in zip(live, plans, outputs, strict=True):
+            if plan.store is not None:
+                row, pos, n = plan.store
+                if plan.reset_cache:
+                    st.cache.truncate(0)
+                st.cache.write(pos, new_kv, slice(row, row + n))
+            st.needs_refresh = False
+            logits = self.model.logits(hidden_rows)
+            st.apply(plan.logit_positions, logits, self)
+
+    def _forward(self, plans: list[_Plan]) -> list[tuple[torch.Tensor, list[KV]]]:
+        model = self.model
+        cfg = model.config
+        if len(plans) == 1:
+            p = plans[0]
+            q = p.positions.unsqueeze(0)
+            k = torch.cat([p.past_positions, p.positions]).unsqueeze(0)
+            mask = attention_mask(cfg.attention_mode, q, k, cfg.block_size)
+            hidden, kv = model(
+                p.input_ids.unsqueeze(0), q, None if mask is None else mask.unsqueeze(1), p.past
+            )
+            return [(hidden[0, p.logit_rows], kv)]
+        # batched: pad inputs to T and pasts to S; padded keys are masked out
+        b = len(plans)
+        t = max(p.input_ids.numel() for p in plans)
+        s = max(p.past_positions.numel() for p in plans)
+        ids = torch.full((b, t), cfg.pad_token_id, dtype=torch.long)
+        pos = torch.zeros((b, t), dtype=torch.long)
+        kpos = torch.zeros((b, s + t), dtype=torch.long)
+        valid = torch.zeros((b, s + t), dtype=torch.bool)
+        past: list[KV] | None = None
+        if s:
+            h, d = cfg.num_key_value_heads, cfg.head_dim
+            past = [
+                (torch.zeros(b, h, s, d, dtype=model.dtype), torch.zeros(b, h, s, d, dtype=model.dtype))
+                for _ in range(cfg.num_hidden_layers)
+            ]
+        for i, p in enumerate(plans):
+            n, m = p.input_ids.numel(), p.past_positions.numel()
+            ids[i, :n] = p.input_ids
+            pos[i, :n] = p.positions
+            kpos[i, :m] = p.past_positions
+            kpos[i, s : s + n] = p.positions
+            valid[i, :m] = True
+            valid[i, s : s + n] = True
+            if m:
+                for layer, (pk, pv) in enumerate(p.past):
+                    past[layer][0][i, :, :m] = pk[0]
+                    past[layer][1][i, :, :m] = pv[0]
+        rule = attention_mask(cfg.attention_mode, pos, kpos, cfg.block_size)
+        mask = valid.unsqueeze(1).expand(b, t, s + t)
+        if rule is not None:
+            mask = mask & rule
+        # padded query rows attend to themselves so softmax never sees an empty row
+        mask = mask.clone()
+        mask[:, torch.arange(t), s + torch.arange(t)] = True
+        hidden, kv = model(ids, pos, mask.unsqueeze(1), past)
+        out = []
+        for i, p in enumerate(plans):
+            n = p.input_ids.numel()
+            out.append((hidden[i, p.logit_rows], [(k[i : i + 1, :, :n], v[i : i + 1, :, :n]) for k, v in kv]))
+        return out
+
+    def run(self, state: DecodeState, on_step: Callable[[DecodeState], None] | None = None) -> GenerationResult:
+        while not state.finished:
+            self.step([state])
+            if on_step is not None:
+                on_step(state)
+        return self.result(state)
+
+    def result(self, state: DecodeState) -> GenerationResult:
+        ids = state.answer_ids
+        text = state.stop_text if state.stop_text is not None else self.tokenizer.decode(ids)
+        return GenerationResult(text, ids, state.finish_reason or "length", state.prompt_len, state.stats)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        constraint: Constraint | None = None,
+        on_step: Callable[[DecodeState], None] | None = None,
+    ) -> GenerationResult:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return self.run(self.start(ids, params, constraint), on_step)
+
+    def chat(
+        self,
+        messages: list[dict],
+        params: SamplingParams | None = None,
+        tools: list[dict] | None = None,
+        constraint: Constraint | None = None,
+        on_step: Callable[[DecodeState], None] | None = None,
+    ) -> GenerationResult:
+        prompt = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+        return self.generate(prompt, params, constraint, on_step)

@@ -1,0 +1,61 @@
+"""Find and load a model by name or folder: the shipped models, our own layout, or a known family."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from quicksilver.checkpoint import CheckpointError, LoadedModel, load_pretrained
+
+MODELS_DIR = Path(__file__).parent / "models"
+DEFAULT_MODEL = "default"
+
+
+class ModelNotFound(CheckpointError):
+    pass
+
+
+def shipped_models() -> list[str]:
+    if not MODELS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_model_path(name_or_path: str | None) -> Path:
+    """A shipped model's name ("default", "ar-twin") or a folder path -> the folder."""
+    name = name_or_path or DEFAULT_MODEL
+    candidate = MODELS_DIR / name
+    if "/" not in name and (candidate / "config.json").is_file():
+        return candidate
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if name_or_path is None:
+        raise ModelNotFound(
+            "no default model is installed yet (quicksilver/models/default is missing); "
+            "pass --model DIR or train one with `quicksilver train`"
+        )
+    raise ModelNotFound(f"{name}: no such model folder (shipped models: {', '.join(shipped_models()) or 'none'})")
+
+
+def load_model(name_or_path: str | None = None, dtype: torch.dtype | None = None) -> LoadedModel:
+    """Load our layout directly; hand other Hugging Face folders to the matching family adapter."""
+    folder = resolve_model_path(name_or_path)
+    cfg_path = folder / "config.json"
+    model_type = None
+    if cfg_path.is_file():
+        try:
+            model_type = json.loads(cfg_path.read_text()).get("model_type")
+        except (json.JSONDecodeError, AttributeError):
+            model_type = None  # load_pretrained reports the malformed file
+    if model_type not in (None, "quicksilver"):
+        from quicksilver import families  # imported lazily: most users never need it
+
+        loaded = families.load_family(folder, dtype=dtype)
+    else:
+        loaded = load_pretrained(folder, dtype=dtype)
+    if name_or_path is None or (MODELS_DIR / str(name_or_path)).resolve() == folder.resolve():
+        loaded.name = folder.name
+    return loaded

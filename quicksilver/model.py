@@ -1,0 +1,269 @@
+"""The Quicksilver transformer: one implementation, three attention modes.
+
+A LLaMA-style decoder stack (RoPE, RMSNorm, SwiGLU, grouped-query attention, optional tied embeddings,
+optional mixture-of-experts MLP). What makes it a diffusion model or an autoregressive one is only the
+attention mask it is run with:
+
+* ``bidirectional``  every position sees every position (LLaDA / MDLM / Dream),
+* ``block_causal``   causal across blocks of ``block_size`` tokens, bidirectional inside a block
+                     (BD3-LM / SDAR / Fast-dLLM v2); finished blocks have exact KV caches,
+* ``causal``         ordinary left-to-right attention (the autoregressive twin).
+
+The model is stateless: ``forward`` takes the keys/values of earlier positions (``past``) and returns
+the keys/values of its own inputs, so the decode loop decides what to cache. ``forward`` returns final
+hidden states; ``logits`` projects only the rows the caller asks for, because a diffusion step needs
+the vocabulary only at positions that are still masked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quicksilver.config import ModelConfig
+
+KV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each [batch, kv_heads, seq, head_dim]
+
+
+def attention_mask(
+    mode: str, q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int
+) -> torch.Tensor | None:
+    """Boolean mask [..., T, S] (True = may attend) from absolute query and key positions.
+
+    Works on positions rather than indices so the same rule serves training, prefill and cached steps.
+    Returns None for bidirectional attention (nothing to mask).
+    """
+    if mode == "bidirectional":
+        return None
+    q = q_pos.unsqueeze(-1)
+    k = k_pos.unsqueeze(-2)
+    if mode == "causal":
+        return k <= q
+    if mode == "block_causal":
+        return torch.div(k, block_size, rounding_mode="floor") <= torch.div(q, block_size, rounding_mode="floor")
+    raise ValueError(f"unknown attention mode {mode!r}")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in float32: bf16 sums of squares lose too much precision
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [B, 1, T, head_dim] for absolute positions [B, T] (HF "rotate half" layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
+    freqs = positions.float().unsqueeze(-1) * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        assert self.head_dim is not None
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: KV | None,
+    ) -> tuple[torch.Tensor, KV]:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+        new_kv = (k, v)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
+        )
+        y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
+        return self.o_proj(y), new_kv
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoE(nn.Module):
+    """Top-k routed SwiGLU experts plus optional always-on shared experts (LLaDA2 / Ling style)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.moe_intermediate_size or cfg.intermediate_size
+        self.top_k = cfg.num_experts_per_tok
+        self.score = cfg.moe_router_score
+        self.norm_topk = cfg.moe_norm_topk_prob
+        self.scale = cfg.moe_routed_scaling_factor
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.expert_bias = nn.Parameter(torch.zeros(cfg.num_experts)) if cfg.moe_router_bias else None
+        self.experts = nn.ModuleList(SwiGLU(cfg.hidden_size, hidden) for _ in range(cfg.num_experts))
+        self.shared_experts = (
+            SwiGLU(cfg.hidden_size, hidden * cfg.num_shared_experts) if cfg.num_shared_experts else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        logits = self.gate(flat).float()
+        scores = logits.sigmoid() if self.score == "sigmoid" else logits.softmax(-1)
+        choose = scores if self.expert_bias is None else scores + self.expert_bias.float()
+        _, idx = choose.topk(self.top_k, dim=-1)
+        weights = scores.gather(-1, idx)
+        if self.norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-20)
+        weights = (weights * self.scale).to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e in idx.unique().tolist():
+            rows, slot = (idx == e).nonzero(as_tuple=True)
+            out.index_add_(0, rows, self.experts[e](flat[rows]) * weights[rows, slot].unsqueeze(-1))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        use_moe = cfg.num_experts > 0 and layer >= cfg.first_k_dense_layers
+        self.mlp = MoE(cfg) if use_moe else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, mask, past):
+        h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, new_kv
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def make_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """The model's own attention rule, as a [B, 1, T, S] mask (None when nothing is masked)."""
+        m = attention_mask(self.config.attention_mode, q_pos, k_pos, self.config.block_size)
+        return None if m is None else m.unsqueeze(1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None | str = "auto",
+        past: list[KV] | None = None,
+    ) -> tuple[torch.Tensor, list[KV]]:
+        """Run the stack.
+
+        input_ids: [B, T]; positions: [B, T] absolute positions (default 0..T-1 after the past);
+        mask: bool [B, 1, T, S+T] (True = attend), None for full attention, or "auto" for the model's
+        own attention mode over ``positions``; past: per-layer (k, v) of S earlier positions.
+        Returns final-norm hidden states [B, T, d] and the per-layer (k, v) of the T inputs.
+        """
+        b, t = input_ids.shape
+        past_len = past[0][0].shape[2] if past else 0
+        if positions is None:
+            positions = torch.arange(past_len, past_len + t, device=input_ids.device).expand(b, t)
+        if isinstance(mask, str):
+            if past:
+                raise ValueError("mask='auto' needs explicit masks when a past is given")
+            mask = self.make_mask(positions, positions)
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        new_kvs: list[KV] = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, cos, sin, mask, past[i] if past else None)
+            new_kvs.append(kv)
+        return self.norm(x), new_kvs
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Project hidden states (any leading shape) onto the vocabulary, in float32."""
+        return self.lm_head(hidden).float()
+
+
+def count_flops_per_token(cfg: ModelConfig) -> float:
+    """Approximate forward FLOPs per token (2 x matmul parameters), for throughput reports."""
+    d, hd = cfg.hidden_size, cfg.head_dim or 1
+    attn = d * hd * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
+    mlp = 3 * d * cfg.intermediate_size
+    return 2.0 * (cfg.num_hidden_layers * (attn + mlp) + d * cfg.vocab_size)
+
+
+def init_std_scaled(model: Transformer) -> None:
+    """GPT-2 style scaled init of residual projections (helps small models train stably)."""
+    n = model.config.num_hidden_layers
+    for name, p in model.named_parameters():
+        if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+            nn.init.normal_(p, std=0.02 / math.sqrt(2 * n))

@@ -1,0 +1,104 @@
+"""Per-request decoding parameters and the token sampler.
+
+``SamplingParams`` is frozen: a request's parameters never change while it decodes, and the engine can
+batch requests with different parameters because every choice below is made per request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+PolicyName = Literal["low_confidence", "threshold", "factor", "entropy", "margin"]
+CacheMode = Literal["auto", "none", "prefix", "dual"]
+POLICIES: tuple[str, ...] = ("low_confidence", "threshold", "factor", "entropy", "margin")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    # unmasking policy
+    policy: PolicyName = "threshold"
+    threshold: float = 0.9  # threshold policy: commit every masked position with confidence >= threshold
+    factor: float = 1.0  # factor policy: largest n with c(i) >= 1 - factor / (i + 1)
+    entropy_bound: float = 0.5  # entropy policy: commit while summed entropy minus the max <= bound
+    margin: float = 0.5  # margin policy: commit positions whose top1 - top2 probability >= margin
+    steps_per_block: int | None = None  # low_confidence policy: fixed commits schedule (default block size)
+    block_size: int | None = None  # decode block; default from the model (its block size, or 32)
+    # self-correction: re-mask committed tokens whose probability falls below remask_threshold, or edit
+    # them to the model's new choice when that choice is at least edit_threshold likely
+    remask_threshold: float | None = None
+    edit_threshold: float | None = None
+    max_remasks_per_block: int | None = None  # bound that guarantees termination (default: block size)
+    cache: CacheMode = "auto"
+    lookahead: int = 0  # bidirectional models: extra masked positions kept after the current block
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}")
+        if not 0 <= self.threshold <= 1:
+            raise ValueError("threshold must be in [0, 1]")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.steps_per_block is not None and self.steps_per_block < 1:
+            raise ValueError("steps_per_block must be >= 1")
+        if isinstance(self.stop, str):  # tolerate a single string
+            object.__setattr__(self, "stop", (self.stop,))
+
+    def replace(self, **changes) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+
+def make_generator(seed: int | None) -> torch.Generator | None:
+    if seed is None:
+        return None
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample one token per row of float32 ``logits`` [N, V].
+
+    Returns (tokens [N], confidence [N] = probability of the chosen token, probs [N, V]) where probs are
+    the distribution the policies judge (the temperature-1 softmax, so confidence means the same thing
+    for greedy and sampled decoding).
+    """
+    probs = torch.softmax(logits, dim=-1)
+    if params.temperature == 0:
+        conf, tokens = probs.max(dim=-1)
+        return tokens, conf, probs
+    scaled = logits / params.temperature
+    if params.top_k:
+        kth = torch.topk(scaled, min(params.top_k, scaled.shape[-1]), dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > params.top_p  # keep the token that crosses top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+    sample_probs = torch.softmax(scaled, dim=-1)
+    tokens = torch.multinomial(sample_probs, 1, generator=generator).squeeze(-1)
+    conf = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, conf, probs
