@@ -38,7 +38,9 @@ def tiny_config(mode: str = "block_causal", **overrides) -> ModelConfig:
     return ModelConfig(**kwargs)
 
 
-def tiny_model(mode: str = "block_causal", seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> Transformer:
+def tiny_model(
+    mode: str = "block_causal", seed: int = 0, dtype: torch.dtype = torch.float32, **overrides
+) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(tiny_config(mode, **overrides)).to(dtype).eval()
 
