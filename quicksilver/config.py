@@ -48,6 +48,11 @@ class ModelConfig:
     moe_norm_topk_prob: bool = True
     moe_routed_scaling_factor: float = 1.0
     moe_router_bias: bool = False  # expert-bias term added only for top-k selection
+    # group-limited routing (LLaDA2 / DeepSeek-V3): experts split into moe_n_group groups, a token may only use
+    # experts of its moe_topk_group best groups (a group's score = sum of its two best biased expert scores)
+    moe_n_group: int = 1
+    moe_topk_group: int = 1
+    partial_rotary_factor: float = 1.0  # RoPE on the first head_dim * factor dims of each head only (LLaDA2)
     # how the model is decoded
     attention_mode: AttentionMode = "block_causal"
     block_size: int = 16
@@ -71,6 +76,10 @@ class ModelConfig:
             raise ConfigError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.block_size < 1:
             raise ConfigError("block_size must be >= 1")
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ConfigError("partial_rotary_factor must be in (0, 1]")
+        if self.num_experts and (self.num_experts % self.moe_n_group or not 1 <= self.moe_topk_group <= self.moe_n_group):
+            raise ConfigError("num_experts must split into moe_n_group groups and 1 <= moe_topk_group <= moe_n_group")
         if self.attention_mode == "causal" and not self.token_shift:
             raise ConfigError("a causal (autoregressive) model must have token_shift=true")
 

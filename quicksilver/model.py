@@ -71,6 +71,9 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:  # partial rotary: only the first `rot` dims of each head are rotated
+        return torch.cat([apply_rope(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -142,6 +145,8 @@ class MoE(nn.Module):
         self.score = cfg.moe_router_score
         self.norm_topk = cfg.moe_norm_topk_prob
         self.scale = cfg.moe_routed_scaling_factor
+        self.n_group = cfg.moe_n_group
+        self.topk_group = cfg.moe_topk_group
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.expert_bias = nn.Parameter(torch.zeros(cfg.num_experts)) if cfg.moe_router_bias else None
         self.experts = nn.ModuleList(SwiGLU(cfg.hidden_size, hidden) for _ in range(cfg.num_experts))
@@ -152,9 +157,12 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        logits = self.gate(flat).float()
+        # routing in float32: bf16 router logits flip near-tied expert choices
+        logits = F.linear(flat.float(), self.gate.weight.float())
         scores = logits.sigmoid() if self.score == "sigmoid" else logits.softmax(-1)
         choose = scores if self.expert_bias is None else scores + self.expert_bias.float()
+        if self.n_group > 1:
+            choose = self._limit_to_groups(choose)
         _, idx = choose.topk(self.top_k, dim=-1)
         weights = scores.gather(-1, idx)
         if self.norm_topk:
@@ -167,6 +175,15 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(shape)
+
+    def _limit_to_groups(self, choose: torch.Tensor) -> torch.Tensor:
+        """Keep only the experts of each token's ``topk_group`` best groups (others get -inf)."""
+        n = choose.shape[0]
+        grouped = choose.view(n, self.n_group, -1)
+        group_score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
+        best = group_score.topk(self.topk_group, dim=-1).indices
+        keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
+        return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(n, -1)
 
 
 class Block(nn.Module):
@@ -241,7 +258,8 @@ class Transformer(nn.Module):
                 raise ValueError("mask='auto' needs explicit masks when a past is given")
             mask = self.make_mask(positions, positions)
         x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        rot_dim = int(self.config.head_dim * self.config.partial_rotary_factor)
+        cos, sin = rope_cos_sin(positions, rot_dim, self.config.rope_theta, x.dtype)
         new_kvs: list[KV] = []
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, cos, sin, mask, past[i] if past else None)
