@@ -1,0 +1,261 @@
+"""Request models of the OpenAI-compatible API (pydantic, strict about unknown fields).
+
+Documented OpenAI fields that a stock client may send but that we do not implement are accepted and
+ignored when they are at their neutral value (e.g. ``logprobs=False``, ``user``, ``metadata``,
+``parallel_tool_calls``); a value we cannot honour (``logprobs=True``) is a 400 from the server, and a
+field OpenAI does not define is a 400 "unknown field". Extensions: ``diffusing`` (canvas snapshots while
+streaming), ``retrieval`` (RAG over the server's index), ``top_k``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+REASONING_EFFORTS = ("none", "minimal", "instant", "low", "medium", "high", "xhigh")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionCall(Strict):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(BaseModel):
+    # image/audio parts are valid OpenAI input that we cannot read; the server rejects them with a 400
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+    function_call: dict[str, Any] | None = None  # deprecated; accepted and ignored
+    audio: dict[str, Any] | None = None  # accepted and ignored
+
+
+class FunctionDef(Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class JsonSchemaFormat(Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # newer clients send it; we never add obfuscation
+
+
+class Retrieval(Strict):
+    k: int = Field(default=5, ge=1, le=50)
+
+
+StopField = str | list[str] | None
+
+
+def _check_stop(v: StopField) -> StopField:
+    if isinstance(v, list):
+        if len(v) > 4:
+            raise ValueError("at most 4 stop sequences are allowed")
+        if any(not s for s in v):
+            raise ValueError("stop sequences must be non-empty")
+    elif v == "":
+        raise ValueError("stop sequences must be non-empty")
+    return v
+
+
+class SamplingFields(Strict):
+    """Fields shared by chat and legacy completions."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)  # extension (vLLM-style)
+    n: int = Field(default=1, ge=1, le=16)
+    stop: StopField = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
+    logit_bias: dict[str, float] | None = None  # accepted; a non-empty map is a 400
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+    _stop = field_validator("stop")(classmethod(lambda cls, v: _check_stop(v)))
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    verbosity: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # extensions
+    diffusing: bool | None = None
+    retrieval: Retrieval | None = None
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _effort(cls, v: str | None) -> str | None:
+        if v is not None and v not in REASONING_EFFORTS:
+            raise ValueError(f"must be one of {', '.join(REASONING_EFFORTS)}")
+        return v
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    suffix: str | None = None
+    echo: bool | None = False
+    best_of: int | None = Field(default=None, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for legacy completions
+
+
+# -- conversions between OpenAI shapes and our chat template -------------------------------------------
+class ProtocolError(ValueError):
+    """A request that is well-formed JSON but cannot be served as asked (HTTP 400)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+def message_text(msg: ChatMessage, index: int) -> str:
+    if msg.content is None or isinstance(msg.content, str):
+        return msg.content or ""
+    texts = []
+    for j, part in enumerate(msg.content):
+        if part.type not in ("text", "input_text") or part.text is None:
+            raise ProtocolError(
+                f"content part type {part.type!r} is not supported (text only)", f"messages[{index}].content[{j}]"
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages -> the dicts our chat template renders (developer -> system, function -> tool;
+    assistant tool calls as [{"name", "arguments": object}])."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+        item: dict[str, Any] = {"role": role, "content": message_text(m, i)}
+        if m.tool_calls:
+            calls = []
+            for j, call in enumerate(m.tool_calls):
+                try:
+                    args = json.loads(call.function.arguments or "{}")
+                except json.JSONDecodeError:
+                    raise ProtocolError(
+                        "tool call arguments must be a JSON string",
+                        f"messages[{i}].tool_calls[{j}].function.arguments",
+                    ) from None
+                calls.append({"name": call.function.name, "arguments": args})
+            item["tool_calls"] = calls
+        out.append(item)
+    return out
+
+
+def parse_tool_call_json(text: str, tools: list[Tool]) -> list[dict[str, Any]] | None:
+    """``[{"name", "arguments"}, ...]`` JSON text -> validated calls, or None if it is not a valid call list.
+
+    Every call must name a declared tool and its arguments must validate against that tool's schema."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not data:
+        return None
+    by_name = {t.function.name: t.function for t in tools}
+    calls = []
+    for item in data:
+        if not isinstance(item, dict) or set(item) - {"name", "arguments"} or item.get("name") not in by_name:
+            return None
+        args = item.get("arguments", {})
+        if isinstance(args, str):  # some models write the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        schema = by_name[item["name"]].parameters
+        if schema:
+            try:
+                jsonschema.validate(args, schema)
+            except jsonschema.ValidationError:
+                return None
+            except jsonschema.SchemaError:
+                return None
+        calls.append({"name": item["name"], "arguments": args})
+    return calls
+
+
+def check_schema(schema: dict[str, Any], param: str) -> None:
+    """Reject schemas that are not valid JSON Schema (400, never silently unconstrained output)."""
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ProtocolError(f"invalid JSON schema: {exc.message}", param) from None

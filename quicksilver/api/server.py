@@ -1,0 +1,724 @@
+"""OpenAI-compatible HTTP server (FastAPI) on top of :class:`quicksilver.engine.Engine`.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (with ``suffix`` for fill-in-the-middle),
+``GET /v1/models``, ``GET /health``, ``GET /metrics``; ``POST /v1/embeddings`` when the RAG module is
+installed. Every error is an OpenAI envelope ``{"error": {"message", "type", "param", "code"}}``.
+
+Streaming sends append-only deltas of *committed* text only, so a client that concatenates deltas gets
+exactly the non-streamed answer. ``"diffusing": true`` (opt-in, as in Mercury) instead sends the whole
+canvas at every denoising step; each such delta replaces the previous one.
+
+``reasoning_effort`` picks how many tokens a denoising step may commit (Mercury's "refinement steps"):
+``instant``/``minimal``/``none`` threshold 0.7, ``low`` 0.8, ``medium`` 0.9, ``high``/``xhigh`` one
+token per step (low-confidence policy). Without it the model's generation defaults apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from quicksilver import __version__
+from quicksilver.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    ProtocolError,
+    SamplingFields,
+    Tool,
+    check_schema,
+    parse_tool_call_json,
+    template_messages,
+)
+from quicksilver.checkpoint import LoadedModel
+from quicksilver.decoding import GenerationResult
+from quicksilver.engine import (
+    Engine,
+    EngineClosed,
+    EngineError,
+    EngineOverloaded,
+    RequestHandle,
+    StepUpdate,
+    TextStreamer,
+)
+from quicksilver.sampling import SamplingParams
+from quicksilver.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, TOOL_CALLS
+
+log = logging.getLogger("quicksilver.api")
+
+EFFORT_PARAMS: dict[str, dict[str, Any]] = {
+    "none": {"policy": "threshold", "threshold": 0.7},
+    "minimal": {"policy": "threshold", "threshold": 0.7},
+    "instant": {"policy": "threshold", "threshold": 0.7},
+    "low": {"policy": "threshold", "threshold": 0.8},
+    "medium": {"policy": "threshold", "threshold": 0.9},
+    "high": {"policy": "low_confidence", "steps_per_block": None},
+    "xhigh": {"policy": "low_confidence", "steps_per_block": None},
+}
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+class APIError(Exception):
+    def __init__(
+        self, status: int, message: str, type_: str = "invalid_request_error",
+        param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A one-line message from pydantic's errors (never the raw dump)."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    # drop pydantic's union branch names ("str", "list[...]") from the location
+    loc = [x for x in loc if not (x in ("str", "int", "list", "dict") or "[" in x or x.startswith("function-"))]
+    param = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return "the request body is not valid JSON", None
+    if kind == "extra_forbidden":
+        return f"unknown field {param!r}", param
+    if kind == "missing":
+        return f"missing required field {param!r}", param
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    return (f"{param}: {msg}" if param else msg) + more, param
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(APIError(400, message, param=param, code="invalid_value" if param else None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        return error_response(APIError(exc.status_code, str(exc.detail), kind))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(APIError(500, "internal server error", "server_error", code="server_error"))
+
+
+# -- app state ------------------------------------------------------------------------------------------
+class ServerState:
+    def __init__(self, engine: Engine, api_key: str | None, model_names: list[str], index_path: str | None):
+        self.engine = engine
+        self.api_key = api_key
+        self.model_names = model_names
+        self.index_path = index_path
+        self.created = int(time.time())
+        digest = hashlib.sha256(f"{engine.loaded.path}|{__version__}".encode()).hexdigest()[:10]
+        self.fingerprint = f"qs-{digest}"
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def check_model(self, name: str) -> str:
+        if name not in self.model_names:
+            raise APIError(404, f"The model {name!r} does not exist (served: {', '.join(self.model_names)})",
+                           "invalid_request_error", "model", "model_not_found")
+        return name
+
+
+def _structured():
+    """The constraint layer (quicksilver.structured), or None while it is not installed."""
+    try:
+        from quicksilver import structured
+    except ImportError:
+        return None
+    return structured
+
+
+# -- request -> decoding parameters ---------------------------------------------------------------------
+def build_params(
+    req: SamplingFields, defaults: SamplingParams, prompt_len: int, context: int,
+    max_tokens: int | None, effort: str | None = None,
+) -> SamplingParams:
+    room = context - prompt_len
+    if room < 1:
+        raise APIError(400, f"This model's maximum context length is {context} tokens, but the prompt has "
+                            f"{prompt_len} tokens.", param="messages", code="context_length_exceeded")
+    if max_tokens is not None and max_tokens > room:
+        raise APIError(400, f"This model's maximum context length is {context} tokens. However, you requested "
+                            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "
+                            "the completion).", param="max_tokens", code="context_length_exceeded")
+    changes: dict[str, Any] = {"max_tokens": max_tokens if max_tokens is not None else min(defaults.max_tokens, room)}
+    if req.temperature is not None:
+        changes["temperature"] = req.temperature
+    if req.top_p is not None:
+        changes["top_p"] = req.top_p
+    if req.top_k is not None:
+        changes["top_k"] = req.top_k
+    if req.seed is not None:
+        changes["seed"] = req.seed
+    if req.stop is not None:
+        changes["stop"] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
+    if effort is not None:
+        changes.update(EFFORT_PARAMS[effort])
+    try:
+        return defaults.replace(**changes)
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+def _unsupported(req: SamplingFields) -> None:
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported", param="logit_bias")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
+
+
+def _submit_all(
+    engine: Engine, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int,
+    constraint_for=None, snapshots: bool = False,
+) -> list[RequestHandle]:
+    """Submit n choices per prompt (seed + i per choice); all-or-nothing."""
+    handles: list[RequestHandle] = []
+    try:
+        for ids in prompts:
+            for i in range(n):
+                p = params if params.seed is None or i == 0 else params.replace(seed=params.seed + i)
+                constraint = constraint_for() if constraint_for else None
+                handles.append(engine.submit(ids, p, constraint, snapshots=snapshots))
+    except BaseException as exc:
+        for h in handles:
+            h.cancel()
+        if isinstance(exc, EngineOverloaded):
+            raise APIError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": "1"}) from None
+        if isinstance(exc, EngineClosed):
+            raise APIError(503, str(exc), "server_error", code="service_unavailable") from None
+        if isinstance(exc, ValueError):
+            code = "context_length_exceeded" if "context" in str(exc) else None
+            raise APIError(400, str(exc), code=code) from None
+        raise
+    return handles
+
+
+async def _merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, StepUpdate]]:
+    """Updates of several handles as (choice index, update), in arrival order."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, h: RequestHandle) -> None:
+        async for u in h:
+            await queue.put((i, u))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    remaining = len(handles)
+    try:
+        while remaining:
+            i, u = await queue.get()
+            if u.final:
+                remaining -= 1
+            yield i, u
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _results_or_disconnect(request: Request, handles: list[RequestHandle]) -> list[GenerationResult]:
+    """Wait for all results; if the client goes away first, free the slots."""
+    gathered = asyncio.ensure_future(asyncio.gather(*(h.result() for h in handles)))
+    try:
+        while True:
+            done, _ = await asyncio.wait({gathered}, timeout=0.25)
+            if done:
+                return gathered.result()
+            if await request.is_disconnected():
+                raise APIError(499, "client disconnected")
+    except EngineError as exc:
+        raise APIError(500, f"decoding failed: {exc}", "server_error", code="server_error") from None
+    finally:
+        if not gathered.done():
+            gathered.cancel()
+        for h in handles:
+            h.cancel()
+
+
+def _usage(prompt_tokens: int, results: Sequence[GenerationResult]) -> dict[str, Any]:
+    completion = sum(r.stats.tokens for r in results)
+    return {
+        "prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                      "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
+    }
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+# -- chat: what a request asks for ------------------------------------------------------------------------
+class ChatPlan:
+    """Everything decided about a chat request before decoding (prompt, params, constraint, tools)."""
+
+    def __init__(self, state: ServerState, req: ChatCompletionRequest, messages: list[dict[str, Any]]):
+        tok = state.tokenizer
+        self._tok = tok
+        self.req = req
+        self.tools: list[Tool] = list(req.tools or [])
+        choice = req.tool_choice if req.tool_choice is not None else ("auto" if self.tools else "none")
+        if choice != "none" and not self.tools:
+            raise APIError(400, "tool_choice requires tools", param="tool_choice")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in self.tools}:
+            raise APIError(400, f"tool_choice names an unknown function {choice.function.name!r}",
+                           param="tool_choice")
+        for i, t in enumerate(self.tools):
+            if t.function.parameters is not None:
+                try:
+                    check_schema(t.function.parameters, f"tools[{i}].function.parameters")
+                except ProtocolError as exc:
+                    raise APIError(400, str(exc), param=exc.param) from None
+        self.tool_choice = choice
+        self.use_tools = choice != "none"
+        self.forced_tools = choice == "required" or isinstance(choice, NamedToolChoice)
+        self.tool_token = tok.token_id(TOOL_CALLS) if self.use_tools else None
+        if self.use_tools and self.tool_token is None:
+            raise APIError(400, "this model has no tool-call token; tools are not supported", param="tools")
+        self.response_format = req.response_format if not self.forced_tools else None
+        self.json_schema: dict[str, Any] | None = None
+        if self.response_format is not None and self.response_format.type == "json_schema":
+            js = self.response_format.json_schema
+            if js is None or js.schema_ is None:
+                raise APIError(400, "response_format json_schema needs json_schema.schema",
+                               param="response_format.json_schema")
+            try:
+                check_schema(js.schema_, "response_format.json_schema.schema")
+            except ProtocolError as exc:
+                raise APIError(400, str(exc), param=exc.param) from None
+            self.json_schema = js.schema_
+        self.wants_json = self.response_format is not None and self.response_format.type != "text"
+        self.constraint_for = self._constraint_factory(state)
+        tools_for_prompt = [t.model_dump(exclude_none=True) for t in self.tools] if self.use_tools else None
+        try:
+            text = tok.apply_chat_template(messages, tools=tools_for_prompt, add_generation_prompt=True)
+        except Exception as exc:  # a model's own Jinja template can reject a conversation
+            raise APIError(400, f"the chat template rejected these messages: {exc}", param="messages") from None
+        self.prompt_ids = tok.encode(text)
+
+    def _constraint_factory(self, state: ServerState):
+        """A callable making one fresh constraint per choice (constraints may keep per-state data)."""
+        if not (self.forced_tools or self.wants_json):
+            return None
+        structured = _structured()
+        if structured is None:
+            what = "tool_choice 'required' or a named function" if self.forced_tools else "response_format"
+            raise APIError(400, f"{what} needs constrained decoding, which is not available in this build",
+                           param="tool_choice" if self.forced_tools else "response_format")
+        tok = state.tokenizer
+        try:
+            if self.forced_tools:
+                tools = [t.model_dump(exclude_none=True) for t in self.tools]
+                choice = (self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice)
+                          else self.tool_choice)
+                make = lambda: structured.tool_call_constraint(tools, choice, tok)  # noqa: E731
+            elif self.json_schema is not None:
+                strict = bool(self.response_format.json_schema.strict)
+                schema = self.json_schema
+                make = lambda: structured.json_schema_constraint(schema, tok, strict=strict)  # noqa: E731
+            else:
+                make = lambda: structured.json_object_constraint(tok)  # noqa: E731
+            make()  # build once now so an unsupported schema is a 400 before anything is queued
+        except ValueError as exc:
+            raise APIError(400, f"cannot enforce this schema: {exc}",
+                           param="tools" if self.forced_tools else "response_format") from None
+        return make
+
+    # -- interpreting the output ----------------------------------------------------------------------
+    def tool_calls(self, result: GenerationResult) -> list[dict[str, Any]] | None:
+        """Validated tool calls in the answer, or None."""
+        if not self.use_tools or self.tool_token not in result.token_ids:
+            return None
+        cut = result.token_ids.index(self.tool_token)
+        structured = _structured()
+        calls = None
+        if structured is not None and hasattr(structured, "parse_tool_calls"):
+            try:
+                calls = structured.parse_tool_calls(result.token_ids[cut:], [t.model_dump() for t in self.tools])
+            except (ValueError, TypeError, KeyError):
+                calls = None
+        if calls is None:
+            state_text = self._tok.decode(result.token_ids[cut + 1 :])
+            calls = parse_tool_call_json(state_text, self.tools)
+        if calls and self.req.parallel_tool_calls is False:
+            calls = calls[:1]
+        if calls and isinstance(self.tool_choice, NamedToolChoice):
+            calls = [c for c in calls if c["name"] == self.tool_choice.function.name] or None
+        return calls or None
+
+    def finish(self, result: GenerationResult) -> dict[str, Any]:
+        """{"content", "tool_calls", "finish_reason"} for one choice; raises APIError if a guarantee broke."""
+        calls = self.tool_calls(result)
+        if calls:
+            cut = result.token_ids.index(self.tool_token)
+            content = self._tok.decode(result.token_ids[:cut]) or None
+            if self.forced_tools:
+                content = None
+            out_calls = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                          "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+                         for c in calls]
+            return {"content": content, "tool_calls": out_calls, "finish_reason": "tool_calls"}
+        if self.forced_tools and result.finish_reason != "length":
+            raise APIError(500, "the model did not produce a valid tool call", "server_error", code="server_error")
+        if self.wants_json and result.finish_reason != "length":
+            try:
+                value = json.loads(result.text)
+            except json.JSONDecodeError:
+                raise APIError(500, "the model did not produce valid JSON", "server_error",
+                               code="server_error") from None
+            if self.json_schema is not None:
+                import jsonschema
+
+                try:
+                    jsonschema.validate(value, self.json_schema)
+                except jsonschema.ValidationError as exc:
+                    raise APIError(500, f"the output does not match the schema: {exc.message}", "server_error",
+                                   code="server_error") from None
+        return {"content": result.text, "tool_calls": None, "finish_reason": result.finish_reason}
+
+    def stops(self) -> tuple[str, ...]:
+        stop = self.req.stop
+        return (stop,) if isinstance(stop, str) else tuple(stop or ())
+
+
+# -- app factory ----------------------------------------------------------------------------------------
+def create_app(
+    engine_or_model: Engine | LoadedModel | str | Path | None = None,
+    api_key: str | None = None,
+    index_path: str | None = None,
+    served_model_name: str | None = None,
+    max_batch: int = 32,
+    max_queue: int = 256,
+) -> FastAPI:
+    """Build the FastAPI app. ``engine_or_model`` is an Engine, a LoadedModel, or a model name/folder."""
+    if isinstance(engine_or_model, Engine):
+        engine = engine_or_model
+    else:
+        if not isinstance(engine_or_model, LoadedModel):
+            from quicksilver.loading import load_model
+
+            engine_or_model = load_model(None if engine_or_model is None else str(engine_or_model))
+        engine = Engine(engine_or_model, max_batch=max_batch, max_queue=max_queue)
+    names = [served_model_name or engine.loaded.name]
+    state = ServerState(engine, api_key, names, index_path)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.shutdown(drain=True)  # SIGTERM: uvicorn stops accepting, we finish in-flight work
+
+    app = FastAPI(title="Quicksilver", version=__version__, lifespan=lifespan)
+    app.state.qs = state
+    _install_error_handlers(app)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        engine.metrics.http_requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
+        return response
+
+    async def require_key(request: Request) -> None:
+        if state.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), state.api_key):
+            raise APIError(401, "Incorrect API key provided.", "invalid_request_error", code="invalid_api_key")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = engine.started and not engine._closing
+        body = {"status": "ok" if ok else "unavailable", "model": names[0],
+                "running": len(engine.running), "queued": len(engine.waiting)}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": state.created, "owned_by": "quicksilver",
+                "context_length": engine.context_length, "max_model_len": engine.context_length}
+
+    @v1.get("/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(n) for n in names]}
+
+    @v1.get("/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        return model_card(state.check_model(model_id))
+
+    @v1.post("/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        state.check_model(req.model)
+        _unsupported(req)
+        if req.logprobs or req.top_logprobs:
+            raise APIError(400, "logprobs are not supported", param="logprobs")
+        if req.diffusing and not req.stream:
+            raise APIError(400, "diffusing requires stream: true", param="diffusing")
+        try:
+            messages = template_messages(req.messages)
+        except ProtocolError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
+        sources = None
+        if req.retrieval is not None:
+            messages, sources = await _retrieve(state, messages, req.retrieval.k)
+        plan = ChatPlan(state, req, messages)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        params = build_params(req, engine.loaded.defaults, len(plan.prompt_ids), engine.context_length,
+                              max_tokens, req.reasoning_effort)
+        handles = _submit_all(engine, [plan.prompt_ids], params, req.n, plan.constraint_for, bool(req.diffusing))
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        if req.stream:
+            gen = _stream_chat(state, plan, handles, rid, created, req, sources)
+            return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+        results = await _results_or_disconnect(request, handles)
+        choices = []
+        for i, r in enumerate(results):
+            fin = plan.finish(r)
+            message: dict[str, Any] = {"role": "assistant", "content": fin["content"], "refusal": None,
+                                       "annotations": []}
+            if fin["tool_calls"]:
+                message["tool_calls"] = fin["tool_calls"]
+            choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": fin["finish_reason"]})
+        body: dict[str, Any] = {
+            "id": rid, "object": "chat.completion", "created": created, "model": req.model,
+            "system_fingerprint": state.fingerprint, "service_tier": None, "choices": choices,
+            "usage": _usage(len(plan.prompt_ids), results),
+            "diffusion_stats": [r.stats.to_dict() for r in results],
+        }
+        if sources is not None:
+            body["sources"] = sources
+        return body
+
+    @v1.post("/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        state.check_model(req.model)
+        _unsupported(req)
+        if req.logprobs is not None:
+            raise APIError(400, "logprobs are not supported", param="logprobs")
+        if req.best_of is not None and req.best_of != req.n:
+            raise APIError(400, "best_of is not supported (it must equal n)", param="best_of")
+        prompts = _completion_prompts(state, req)
+        longest = max(len(p) for p in prompts)
+        params = build_params(req, engine.loaded.defaults, longest, engine.context_length, req.max_tokens)
+        handles = _submit_all(engine, [ids for ids, _ in prompts], params, req.n)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        prompt_tokens = sum(len(ids) for ids, _ in prompts)
+        echoes = [echo if req.echo else "" for _, echo in prompts for _ in range(req.n)]
+        if req.stream:
+            gen = _stream_completion(state, handles, rid, created, req, echoes, prompt_tokens)
+            return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+        results = await _results_or_disconnect(request, handles)
+        choices = [{"index": i, "text": echoes[i] + r.text, "logprobs": None, "finish_reason": r.finish_reason}
+                   for i, r in enumerate(results)]
+        return {"id": rid, "object": "text_completion", "created": created, "model": req.model,
+                "system_fingerprint": state.fingerprint, "choices": choices,
+                "usage": _usage(prompt_tokens, results)}
+
+    app.include_router(v1)
+    try:  # the RAG engineer's embeddings endpoint, when installed
+        from quicksilver.api import embeddings as embeddings_module
+
+        app.include_router(embeddings_module.router, dependencies=[Depends(require_key)])
+    except ImportError:
+        pass
+    return app
+
+
+def _completion_prompts(state: ServerState, req: CompletionRequest) -> list[tuple[list[int], str]]:
+    """[(prompt ids, echo text)] for each prompt; with ``suffix``, a fill-in-the-middle prompt."""
+    tok = state.tokenizer
+    raw = req.prompt
+    if isinstance(raw, str):
+        items: list[str | list[int]] = [raw]
+    elif raw and all(isinstance(x, int) for x in raw):
+        items = [list(raw)]
+    else:
+        items = list(raw)
+    if not items:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    out = []
+    for item in items:
+        ids = tok.encode(item) if isinstance(item, str) else list(item)
+        if any(not 0 <= i < tok.vocab_size for i in ids):
+            raise APIError(400, "prompt contains token ids outside the vocabulary", param="prompt")
+        echo = item if isinstance(item, str) else tok.decode(ids)
+        if req.suffix is not None:
+            fim = [tok.token_id(t) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)]
+            if any(i is None for i in fim):
+                raise APIError(400, "this model has no fill-in-the-middle tokens; suffix is not supported",
+                               param="suffix")
+            ids = [fim[0], *ids, fim[1], *tok.encode(req.suffix), fim[2]]
+        if not ids:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        out.append((ids, echo))
+    return out
+
+
+async def _retrieve(state: ServerState, messages: list[dict[str, Any]], k: int):
+    if state.index_path is None:
+        raise APIError(400, "retrieval not available: the server was started without --index", param="retrieval")
+    try:
+        from quicksilver.rag.chat import augment_messages
+    except ImportError:
+        raise APIError(400, "retrieval not available in this build", param="retrieval") from None
+    try:
+        return await asyncio.to_thread(augment_messages, state.index_path, messages, k)
+    except (ValueError, OSError, LookupError) as exc:
+        raise APIError(400, f"retrieval failed: {exc}", param="retrieval") from None
+
+
+# -- streaming ------------------------------------------------------------------------------------------
+async def _stream_chat(
+    state: ServerState, plan: ChatPlan, handles: list[RequestHandle], rid: str, created: int,
+    req: ChatCompletionRequest, sources: list | None,
+) -> AsyncIterator[str]:
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    tok = state.tokenizer
+
+    def chunk(choices: list[dict[str, Any]], usage: dict | None = None) -> str:
+        body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                                "model": req.model, "system_fingerprint": state.fingerprint, "choices": choices}
+        if include_usage:
+            body["usage"] = usage
+        return _sse(body)
+
+    def choice(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    streamers = [TextStreamer(tok, plan.stops(), plan.tool_token) for _ in handles]
+    results: list[GenerationResult | None] = [None] * len(handles)
+    try:
+        for i in range(len(handles)):
+            first: dict[str, Any] = {"role": "assistant", "content": ""}
+            yield chunk([choice(i, first)])
+        async for i, u in _merged(handles):
+            if u.error is not None:
+                err = APIError(500, f"decoding failed: {u.error}", "server_error", code="server_error")
+                yield _sse(err.body())
+                return
+            if u.result is None:
+                if req.diffusing and u.canvas is not None:
+                    yield chunk([choice(i, {"content": u.canvas})])
+                    continue
+                delta = streamers[i].push(u.committed_ids)
+                if delta and not plan.forced_tools:
+                    yield chunk([choice(i, {"content": delta})])
+                continue
+            results[i] = u.result
+            try:
+                fin = plan.finish(u.result)
+            except APIError as err:
+                yield _sse(err.body())
+                return
+            if req.diffusing:
+                final_text = fin["content"] or ""
+                if final_text:
+                    yield chunk([choice(i, {"content": final_text})])
+            elif not plan.forced_tools:
+                content = fin["content"] or ""
+                rest = streamers[i].finish(content) if fin["tool_calls"] is None or content else ""
+                if rest:
+                    yield chunk([choice(i, {"content": rest})])
+            for j, call in enumerate(fin["tool_calls"] or []):
+                yield chunk([choice(i, {"tool_calls": [{"index": j, **call}]})])
+            yield chunk([choice(i, {}, fin["finish_reason"])])
+        if include_usage:
+            done = [r for r in results if r is not None]
+            yield chunk([], _usage(len(plan.prompt_ids), done))
+        if sources is not None:
+            yield _sse({"id": rid, "object": "chat.completion.sources", "sources": sources})
+        yield "data: [DONE]\n\n"
+    finally:
+        for h in handles:  # a client that disconnected frees its slots at the next step
+            h.cancel()
+
+
+async def _stream_completion(
+    state: ServerState, handles: list[RequestHandle], rid: str, created: int, req: CompletionRequest,
+    echoes: list[str], prompt_tokens: int,
+) -> AsyncIterator[str]:
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    streamers = [TextStreamer(state.tokenizer, stops) for _ in handles]
+    results: list[GenerationResult] = []
+
+    def chunk(i: int, text: str, finish: str | None = None) -> str:
+        body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
+                                "system_fingerprint": state.fingerprint,
+                                "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}]}
+        if include_usage:
+            body["usage"] = None
+        return _sse(body)
+
+    try:
+        for i, echo in enumerate(echoes):
+            if echo:
+                yield chunk(i, echo)
+        async for i, u in _merged(handles):
+            if u.error is not None:
+                yield _sse(APIError(500, f"decoding failed: {u.error}", "server_error", code="server_error").body())
+                return
+            if u.result is None:
+                delta = streamers[i].push(u.committed_ids)
+                if delta:
+                    yield chunk(i, delta)
+                continue
+            results.append(u.result)
+            yield chunk(i, streamers[i].finish(u.result.text), u.result.finish_reason)
+        if include_usage:
+            yield _sse({"id": rid, "object": "text_completion", "created": created, "model": req.model,
+                        "system_fingerprint": state.fingerprint, "choices": [],
+                        "usage": _usage(prompt_tokens, results)})
+        yield "data: [DONE]\n\n"
+    finally:
+        for h in handles:
+            h.cancel()

@@ -1,0 +1,44 @@
+"""``quicksilver serve``: the OpenAI-compatible HTTP server (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--api-key", default=os.environ.get("QUICKSILVER_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $QUICKSILVER_API_KEY)")
+    p.add_argument("--served-model-name", help="model id clients must send (default: the model folder's name)")
+    p.add_argument("--max-batch", type=int, default=32, help="requests decoded together per forward")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 429")
+    p.add_argument("--index", help="retrieval index file for requests with \"retrieval\": {\"k\": N}")
+    p.add_argument("--shutdown-timeout", type=float, default=60.0,
+                   help="seconds to finish in-flight requests after SIGTERM")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_batch < 1 or args.max_queue < 0:
+        raise ValueError("--max-batch must be >= 1 and --max-queue >= 0")
+    if args.index is not None and not os.path.exists(args.index):
+        raise FileNotFoundError(f"{args.index}: index file not found")
+    import uvicorn
+
+    from quicksilver.api.server import create_app
+    from quicksilver.loading import load_model
+
+    loaded = load_model(args.model)
+    app = create_app(loaded, api_key=args.api_key, index_path=args.index,
+                     served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue)
+    print(f"quicksilver serve: model {loaded.name!r} on http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=args.shutdown_timeout)
+    return 0
