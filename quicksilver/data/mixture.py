@@ -1,0 +1,132 @@
+"""The training mixture: verifiable task chats plus prompt-less natural text / code chunks.
+
+Sample ``i`` of a stream depends only on ``(seed, i)`` (``random.Random(f"{seed}:{i}")``), so a stream can be
+resumed at any index in O(1) and two processes reading the same index agree.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from quicksilver.tokenizer import Tokenizer
+
+MAX_LEN = 256  # prompt + response tokens; longer samples are regenerated
+
+# Default weights. Task names come from quicksilver.tasks.TASKS; "text" and "code_text" are prompt-less chunks
+# of the offline corpus (prose and Python source). Tool calls and JSON weigh most: the product needs them.
+DEFAULT_MIX: dict[str, float] = {
+    "tool_call": 0.14,
+    "tool_answer": 0.06,
+    "json": 0.14,
+    "arithmetic": 0.07,
+    "word_problem": 0.07,
+    "countdown": 0.06,
+    "sudoku": 0.06,
+    "retrieval": 0.07,
+    "code": 0.05,
+    "infill": 0.04,
+    "text": 0.16,
+    "code_text": 0.08,
+}
+TEXT_SOURCES = {"python_docs": 0.4, "docstrings": 0.2, "gcide": 0.2, "fortunes": 0.2}
+CODE_SOURCES = {"stdlib_code": 1.0}
+CHUNK_CHARS = 1600  # enough characters for ~256 tokens of prose with a 4k BPE
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]  # clean context, never noised; [] for plain text
+    response_ids: list[int]  # tokens to learn; chat responses end with the EOS id
+    source: str = ""  # task name or corpus source, for per-source statistics
+
+
+def resolve_mix(mix: dict[str, float] | None) -> dict[str, float]:
+    """Validate a mixture (unknown names -> ValueError); drop zero weights; names not available are dropped
+    from the default mixture only."""
+    from quicksilver.tasks import TASKS
+
+    known = set(TASKS) | {"text", "code_text"}
+    if mix is None:
+        mix = {k: v for k, v in DEFAULT_MIX.items() if k in known}
+    unknown = sorted(set(mix) - known)
+    if unknown:
+        raise ValueError(f"unknown mixture entries {unknown} (known: {sorted(known)})")
+    if any(v < 0 for v in mix.values()):
+        raise ValueError("mixture weights must be >= 0")
+    mix = {k: float(v) for k, v in mix.items() if v > 0}
+    if not mix:
+        raise ValueError("mixture is empty")
+    return mix
+
+
+def _weighted(rng: random.Random, weights: dict[str, float]) -> str:
+    names = sorted(weights)  # sorted: the choice must not depend on dict order
+    return rng.choices(names, weights=[weights[n] for n in names])[0]
+
+
+def text_chunk(rng: random.Random, docs: list[str], chars: int = CHUNK_CHARS) -> str:
+    """A random window of ``chars`` characters, starting at a line start, joining documents if needed."""
+    index = rng.randrange(len(docs))
+    doc = docs[index]
+    start = rng.randrange(max(1, len(doc) - chars // 2)) if len(doc) > chars // 2 else 0
+    if start:
+        nl = doc.find("\n", start)
+        start = nl + 1 if 0 <= nl < start + 200 else start
+    text = doc[start : start + chars]
+    while len(text) < chars:  # short documents (quotes, definitions): continue with the next ones
+        index = (index + 1) % len(docs)
+        text += "\n\n" + docs[index][: chars - len(text)]
+    return text
+
+
+def _corpus_sample(rng: random.Random, tokenizer: Tokenizer, kind: str, max_len: int) -> Sample | None:
+    from quicksilver.data.corpus import load_corpus
+
+    corpus = load_corpus()
+    pool = TEXT_SOURCES if kind == "text" else CODE_SOURCES
+    weights = {k: v for k, v in pool.items() if corpus.get(k)}
+    if not weights:
+        return None
+    source = _weighted(rng, weights)
+    ids = tokenizer.encode(text_chunk(rng, corpus[source]))[:max_len]
+    return Sample([], ids, source)
+
+
+def task_sample(rng: random.Random, tokenizer: Tokenizer, name: str, split: str = "train") -> Sample:
+    from quicksilver.tasks import TASKS, render
+
+    prompt, response = render(TASKS[name].generate(rng, split), tokenizer)
+    return Sample(tokenizer.encode(prompt), tokenizer.encode(response), name)
+
+
+def sample_at(tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float], max_len: int = MAX_LEN) -> Sample:
+    """Sample ``index`` of the stream: a function of (seed, index) only (given the corpus and code)."""
+    rng = random.Random(f"{seed}:{index}")
+    name = _weighted(rng, mix)
+    if name in ("text", "code_text"):
+        sample = _corpus_sample(rng, tokenizer, name, max_len)
+        if sample is not None:
+            return sample
+        # corpus absent on this machine: fall back to the tasks of the mixture
+        tasks = {k: v for k, v in mix.items() if k not in ("text", "code_text")}
+        if not tasks:
+            raise RuntimeError("the mixture has only corpus text and no corpus is available")
+        name = _weighted(rng, tasks)
+    for _ in range(50):  # regenerate the same task until it fits, so the mixture weights hold
+        sample = task_sample(rng, tokenizer, name)
+        if len(sample.prompt_ids) + len(sample.response_ids) <= max_len:
+            return sample
+    raise RuntimeError(f"task {name!r} could not produce a sample of at most {max_len} tokens")
+
+
+def training_stream(
+    tokenizer: Tokenizer, seed: int, start: int = 0, mix: dict[str, float] | None = None, max_len: int = MAX_LEN
+) -> Iterator[Sample]:
+    """Infinite, deterministic stream of training samples; resuming at ``start`` costs nothing."""
+    weights = resolve_mix(mix)
+    index = start
+    while True:
+        yield sample_at(tokenizer, seed, index, weights, max_len)
+        index += 1

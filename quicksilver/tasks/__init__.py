@@ -1,0 +1,28 @@
+"""Verifiable task suite: generators with exact programmatic verifiers, for training data and held-out eval.
+
+``TASKS`` maps a task name to its :class:`~quicksilver.tasks.base.Task`. Use ``generate(rng, split)`` with
+split "train" for training data and "eval" for the held-out suite (different seeds AND held-out phrasings),
+and ``verify(example, output_text)`` to grade a model's raw output (special tokens kept).
+"""
+
+from __future__ import annotations
+
+from quicksilver.tasks.arithmetic import Arithmetic, WordProblem
+from quicksilver.tasks.base import Example, Split, Task, clean_output, render
+from quicksilver.tasks.json_extraction import JsonExtraction
+from quicksilver.tasks.planning import Countdown, Sudoku
+from quicksilver.tasks.tool_use import ToolAnswer, ToolCall
+
+TASKS: dict[str, Task] = {
+    t.name: t for t in (Arithmetic(), WordProblem(), Countdown(), Sudoku(), JsonExtraction(), ToolCall(), ToolAnswer())
+}
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise LookupError(f"unknown task {name!r} (known: {', '.join(TASKS)})") from None
+
+
+__all__ = ["TASKS", "Example", "Split", "Task", "clean_output", "get_task", "render"]

@@ -1,0 +1,95 @@
+"""Training-data interface: determinism, O(1) resume, prompt/response split, length budget, corpus fallback."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from quicksilver.data import MAX_LEN, Sample, sample_at, training_stream
+from quicksilver.data import corpus as corpus_mod
+from quicksilver.data.mixture import resolve_mix
+from quicksilver.data.tokenizer_builder import tokenizer_texts
+from quicksilver.testing import tiny_tokenizer
+from quicksilver.tokenizer import ROLE_TOKENS, train_bpe
+
+TASK_MIX = {
+    "tool_call": 1,
+    "tool_answer": 1,
+    "json": 1,
+    "arithmetic": 1,
+    "word_problem": 1,
+    "countdown": 1,
+    "sudoku": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def task_tok():
+    """A small BPE trained on task text only (the 320-token test tokenizer makes tool prompts too long)."""
+    return train_bpe(tokenizer_texts(corpus_chars=0, task_examples=150), 1024)
+
+
+@pytest.fixture()
+def fake_corpus(tmp_path, monkeypatch):
+    """A tiny prepared corpus so tests never read the machine's real one."""
+    docs = {
+        "python_docs": ["The quick brown fox jumps over the lazy dog.\n" * 40],
+        "stdlib_code": ["def add(a, b):\n    return a + b\n" * 60],
+    }
+    manifest = {"sources": {}}
+    for name, items in docs.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in items))
+        manifest["sources"][name] = {"available": True, "kind": "text", "documents": 1, "bytes": len(items[0])}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(corpus_mod, "CORPUS_DIR", tmp_path)
+    return tmp_path
+
+
+def _as_tuple(s: Sample) -> tuple:
+    return tuple(s.prompt_ids), tuple(s.response_ids), s.source
+
+
+def test_stream_is_deterministic_and_resumable(fake_corpus, task_tok):
+    tok = task_tok
+    first = [_as_tuple(s) for s in itertools.islice(training_stream(tok, seed=7), 30)]
+    again = [_as_tuple(s) for s in itertools.islice(training_stream(tok, seed=7), 30)]
+    assert first == again
+    resumed = [_as_tuple(s) for s in itertools.islice(training_stream(tok, seed=7, start=12), 18)]
+    assert resumed == first[12:]
+    other = [_as_tuple(s) for s in itertools.islice(training_stream(tok, seed=8), 30)]
+    assert other != first
+
+
+def test_chat_samples_split_at_the_assistant_turn(task_tok):
+    tok = task_tok
+    assistant = tok.token_id(ROLE_TOKENS["assistant"])
+    for i in range(40):
+        s = sample_at(tok, 0, i, resolve_mix(TASK_MIX))
+        assert s.prompt_ids[-1] == assistant, "prompt must end with the generation prompt"
+        assert s.response_ids[-1] == tok.eos_id, "chat responses end with EOS"
+        assert tok.eos_id not in s.response_ids[:-1]
+        assert len(s.prompt_ids) + len(s.response_ids) <= MAX_LEN
+
+
+def test_text_samples_have_no_prompt(fake_corpus):
+    tok = tiny_tokenizer()
+    samples = [sample_at(tok, 3, i, resolve_mix({"text": 1, "code_text": 1})) for i in range(10)]
+    assert {s.source for s in samples} == {"python_docs", "stdlib_code"}
+    for s in samples:
+        assert s.prompt_ids == [] and 0 < len(s.response_ids) <= MAX_LEN
+
+
+def test_missing_corpus_falls_back_to_tasks(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_mod, "CORPUS_DIR", tmp_path / "empty")
+    monkeypatch.setattr(corpus_mod, "SOURCES", {})
+    s = sample_at(tiny_tokenizer(), 0, 0, resolve_mix({"text": 5, "sudoku": 1}))
+    assert s.source == "sudoku"
+
+
+def test_bad_mixture_is_rejected():
+    with pytest.raises(ValueError, match="unknown"):
+        resolve_mix({"no_such_task": 1.0})
+    with pytest.raises(ValueError):
+        resolve_mix({"json": 0})
