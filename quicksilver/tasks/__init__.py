@@ -9,12 +9,19 @@ from __future__ import annotations
 
 from quicksilver.tasks.arithmetic import Arithmetic, WordProblem
 from quicksilver.tasks.base import Example, Split, Task, clean_output, render
+from quicksilver.tasks.code_synthesis import CodeSynthesis
+from quicksilver.tasks.infilling import Infilling
 from quicksilver.tasks.json_extraction import JsonExtraction
 from quicksilver.tasks.planning import Countdown, Sudoku
+from quicksilver.tasks.retrieval import RetrievalQA
 from quicksilver.tasks.tool_use import ToolAnswer, ToolCall
 
 TASKS: dict[str, Task] = {
-    t.name: t for t in (Arithmetic(), WordProblem(), Countdown(), Sudoku(), JsonExtraction(), ToolCall(), ToolAnswer())
+    t.name: t
+    for t in (
+        ToolCall(), ToolAnswer(), JsonExtraction(), Arithmetic(), WordProblem(), Countdown(), Sudoku(),
+        RetrievalQA(), CodeSynthesis(), Infilling(),
+    )
 }
 
 

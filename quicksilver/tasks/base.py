@@ -137,12 +137,13 @@ def render(example: Example, tokenizer: Tokenizer) -> tuple[str, str]:
 _SPECIALS_TO_DROP = (PAD, *RAINBOW_PADS)
 
 
-def clean_output(text: str) -> str:
-    """Model output -> the answer text: cut at the first EOS, drop padding tokens, strip whitespace."""
+def clean_output(text: str, strip: bool = True) -> str:
+    """Model output -> the answer text: cut at the first EOS, drop padding tokens, strip whitespace
+    (``strip=False`` keeps leading indentation, which matters for code infilling)."""
     text = text.split(EOS, 1)[0]
     for tok in _SPECIALS_TO_DROP:
         text = text.replace(tok, "")
-    return text.strip()
+    return text.strip() if strip else text.rstrip()
 
 
 def strip_fences(text: str) -> str:

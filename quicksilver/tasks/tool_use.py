@@ -408,17 +408,35 @@ def parse_tool_calls(text: str) -> list[dict] | None:
     return calls
 
 
+_NO_TOOL_ASKS = (
+    "What is {a} + {b}?", "Quick one: {a} plus {b}?", "Add {a} and {b} for me.", "How much is {a} + {b}?",
+    "Sum of {a} and {b}?", "{a} + {b} = ?", "What do {a} and {b} add up to?", "Please add {a} to {b}.",
+)
+NO_TOOL_RATE = 0.1  # share of tool_call examples where no offered tool fits and the assistant answers directly
+
+
 class ToolCall(Task):
     name = "tool_call"
-    description = "choose a tool from a list and fill its arguments (exact JSON match)"
+    description = "choose a tool from a list and fill its arguments (exact JSON match), or answer without one"
 
     def generate(self, rng: random.Random, split: Split) -> Example:
         check_split(split)
         messages, tools, spec, args, _ = _scenario(rng, split)
+        if rng.random() < NO_TOOL_RATE:  # nothing in the tool list helps: answer in words, call nothing
+            a, b = rng.randint(2, 99), rng.randint(2, 99)
+            messages[-1] = {"role": "user", "content": pick(rng, _NO_TOOL_ASKS, split).format(a=a, b=b)}
+            answer = {"no_call": a + b}
+            target = {"role": "assistant", "content": f"{a} + {b} = {a + b}."}
+            return Example(self.name, messages, target, answer, tools)
         call = [{"name": spec.name, "arguments": args}]
         return Example(self.name, messages, {"role": "assistant", "content": "", "tool_calls": call}, call, tools)
 
     def verify(self, example: Example, output: str) -> bool:
+        if isinstance(example.answer, dict):  # no tool fits: no call, and the right number
+            from quicksilver.tasks.arithmetic import final_integer
+
+            text = clean_output(output)
+            return TOOL_CALLS not in text and final_integer(text) == example.answer["no_call"]
         calls = parse_tool_calls(clean_output(output))
         if calls is None or len(calls) != len(example.answer):
             return False
