@@ -1,0 +1,161 @@
+"""The agent loop: ask the model (through the OpenAI chat API, stock ``openai`` client) what to do, run the tool
+calls it makes, feed back the observations, until it answers without a tool call or the step limit is hit."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from quicksilver.agent.tools import Tool
+
+SYSTEM_PROMPT = (
+    "You are a careful assistant that solves tasks step by step with tools. Call a tool when you need a fact, a "
+    "calculation, a file, or to run code; when you know the answer, reply with the final answer and no tool call."
+)
+
+
+@dataclass
+class ToolCallRecord:
+    id: str
+    name: str
+    arguments: str
+    observation: str
+    seconds: float
+
+
+@dataclass
+class AgentStep:
+    number: int
+    thought: str  # the assistant's text that came with (or instead of) the tool calls
+    tool_calls: list[ToolCallRecord]
+    model_seconds: float
+    forwards: int | None  # the server's diffusion_stats, when it reports them
+    finish_reason: str
+
+    @property
+    def seconds(self) -> float:
+        return self.model_seconds + sum(c.seconds for c in self.tool_calls)
+
+
+@dataclass
+class AgentResult:
+    task: str
+    answer: str | None
+    stopped_because: str  # answer | step_limit
+    steps: list[AgentStep] = field(default_factory=list)
+    total_seconds: float = 0.0
+    sources: list[dict] = field(default_factory=list)
+
+    @property
+    def forwards(self) -> int | None:
+        counts = [s.forwards for s in self.steps]
+        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[arg-type]
+
+    @property
+    def mean_step_seconds(self) -> float:
+        return self.total_seconds / max(1, len(self.steps))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(forwards=self.forwards, mean_step_seconds=self.mean_step_seconds)
+        return d
+
+
+def _forwards(response: Any) -> int | None:
+    extra = getattr(response, "model_extra", None) or {}
+    stats = extra.get("diffusion_stats")
+    if not stats:
+        return None
+    return sum(int(s.get("forwards", 0)) for s in stats if isinstance(s, dict))
+
+
+def run_agent(
+    client: Any,
+    model: str,
+    task: str,
+    tools: list[Tool],
+    max_steps: int = 8,
+    system: str | None = SYSTEM_PROMPT,
+    first_tool_choice: str | dict = "auto",
+    max_tokens: int | None = 256,
+    temperature: float | None = None,
+    on_step: Callable[[AgentStep], None] | None = None,
+) -> AgentResult:
+    """Run one episode. ``first_tool_choice`` applies to the first request only (e.g. force a search first)."""
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+    by_name = {t.name: t for t in tools}
+    messages: list[dict[str, Any]] = ([{"role": "system", "content": system}] if system else [])
+    messages.append({"role": "user", "content": task})
+    result = AgentResult(task, None, "step_limit")
+    started = time.perf_counter()
+    for number in range(1, max_steps + 1):
+        request: dict[str, Any] = {"model": model, "messages": messages}
+        if tools:
+            request["tools"] = [t.spec() for t in tools]
+            request["tool_choice"] = first_tool_choice if number == 1 else "auto"
+        if max_tokens is not None:
+            request["max_tokens"] = max_tokens
+        if temperature is not None:
+            request["temperature"] = temperature
+        t0 = time.perf_counter()
+        response = client.chat.completions.create(**request)
+        model_seconds = time.perf_counter() - t0
+        choice = response.choices[0]
+        message = choice.message
+        calls = list(message.tool_calls or [])
+        assistant: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if calls:
+            assistant["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in calls
+            ]
+        messages.append(assistant)
+        records = []
+        for call in calls:
+            t1 = time.perf_counter()
+            tool = by_name.get(call.function.name)
+            if tool is None:
+                observation = f"error: unknown tool {call.function.name!r}; available: {', '.join(by_name)}"
+            else:
+                observation = tool(call.function.arguments or "{}")
+            records.append(ToolCallRecord(call.id, call.function.name, call.function.arguments or "", observation,
+                                          time.perf_counter() - t1))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})
+        step = AgentStep(number, message.content or "", records, model_seconds, _forwards(response),
+                         choice.finish_reason or "")
+        result.steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        if not calls:
+            result.answer = message.content or ""
+            result.stopped_because = "answer"
+            break
+    result.total_seconds = time.perf_counter() - started
+    for tool in tools:
+        result.sources.extend(tool.sources)
+    return result
+
+
+def format_step(step: AgentStep) -> str:
+    """Human-readable lines for one step: thought, tool calls and observations."""
+    head = f"step {step.number}  ({step.model_seconds:.2f} s model"
+    head += f", {step.forwards} forwards)" if step.forwards is not None else ")"
+    lines = [head]
+    if step.thought.strip():
+        lines.append(("answer: " if not step.tool_calls else "thought: ") + step.thought.strip())
+    for c in step.tool_calls:
+        try:
+            args = json.dumps(json.loads(c.arguments), ensure_ascii=False)
+        except ValueError:
+            args = c.arguments
+        lines.append(f"tool call: {c.name}({args})")
+        obs = c.observation if len(c.observation) <= 600 else c.observation[:600] + " ..."
+        lines.append("observation: " + obs.replace("\n", "\n             "))
+    if not step.tool_calls and not step.thought.strip():
+        lines.append("answer: (empty)")
+    return "\n".join(lines)

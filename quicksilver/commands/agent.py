@@ -1,0 +1,94 @@
+"""``quicksilver agent "task"``: a tool-using loop over the OpenAI chat API.
+
+With ``--base-url`` it talks to a running server; otherwise it starts the Quicksilver server in-process on a
+free local port (same code path as ``quicksilver serve``) and talks to that with the stock ``openai`` client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_TOOLS = "calculator,run_python"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("agent", help="solve a task with tools (search, calculator, files, Python) via the chat API")
+    p.add_argument("task", help="the task ('-' reads standard input)")
+    p.add_argument("--tools", default=None,
+                   help="comma-separated: search_documents, calculator, read_file, list_files, run_python "
+                        f"(default {DEFAULT_TOOLS}, plus search_documents with --index and the file tools with --root)")
+    p.add_argument("--index", help="document index for search_documents")
+    p.add_argument("--root", help="folder the file tools may read")
+    p.add_argument("--max-steps", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--python-timeout", type=float, default=10.0, help="seconds per run_python call")
+    p.add_argument("--first-tool", help="force this tool on the first turn (tool_choice)")
+    p.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (default: in-process)")
+    p.add_argument("--api-key", default="unused", help="API key for --base-url")
+    p.add_argument("--model", help="model name (with --base-url) or model folder (in-process)")
+    p.add_argument("--json", action="store_true", help="print the whole episode as JSON at the end")
+    p.set_defaults(func=run)
+
+
+def _tool_names(args: argparse.Namespace) -> list[str]:
+    if args.tools:
+        return [t.strip() for t in args.tools.split(",") if t.strip()]
+    names = DEFAULT_TOOLS.split(",")
+    if args.index:
+        names.insert(0, "search_documents")
+    if args.root:
+        names += ["list_files", "read_file"]
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    import contextlib
+    import json
+
+    from quicksilver.agent import build_tools, format_step, run_agent
+
+    task = sys.stdin.read() if args.task == "-" else args.task
+    if not task.strip():
+        raise ValueError("the task is empty")
+    if args.max_steps < 1:
+        raise ValueError("--max-steps must be at least 1")
+    tools = build_tools(_tool_names(args), root=args.root, index_path=args.index, python_timeout=args.python_timeout)
+    if args.first_tool and args.first_tool not in {t.name for t in tools}:
+        raise ValueError(f"--first-tool {args.first_tool!r} is not among the tools")
+    first_choice = {"type": "function", "function": {"name": args.first_tool}} if args.first_tool else "auto"
+
+    from openai import OpenAI
+
+    with contextlib.ExitStack() as stack:
+        if args.base_url:
+            base_url, model = args.base_url, args.model
+            client = OpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=600)
+            if model is None:
+                model = client.models.list().data[0].id
+        else:
+            from quicksilver.agent.local_server import serve_in_thread
+            from quicksilver.api.server import create_app
+            from quicksilver.loading import load_model
+
+            loaded = load_model(args.model)
+            base_url = stack.enter_context(serve_in_thread(create_app(loaded, index_path=args.index)))
+            client = OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
+            model = client.models.list().data[0].id
+        print(f"agent: model {model!r} at {base_url}; tools: {', '.join(t.name for t in tools)}", file=sys.stderr)
+        result = run_agent(client, model, task, tools, max_steps=args.max_steps, first_tool_choice=first_choice,
+                           max_tokens=args.max_tokens, temperature=args.temperature,
+                           on_step=lambda step: print(format_step(step) + "\n", flush=True))
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    if result.answer is not None:
+        print(f"final answer: {result.answer.strip()}")
+    else:
+        print(f"no answer after {args.max_steps} steps")
+    if result.sources:
+        print("sources: " + ", ".join(f"{s['path']}:{s['lines'][0]}-{s['lines'][1]}" for s in result.sources))
+    fwd = f", {result.forwards} forwards" if result.forwards is not None else ""
+    print(f"[{result.stopped_because}] {len(result.steps)} steps, {result.total_seconds:.2f} s total, "
+          f"{result.mean_step_seconds:.2f} s/step{fwd}", file=sys.stderr)
+    return 0 if result.answer is not None else 1

@@ -1,0 +1,115 @@
+"""Retrieval for chat: put the passages that match the user's question into the prompt, with their sources.
+
+Used by the server (``serve --index FILE`` + a ``"retrieval": {"k": 5}`` request field), by ``quicksilver ask``,
+and by the built-in ``search_documents`` tool.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from quicksilver.rag.store import Hit, Index, IndexStoreError
+
+MAX_K = 50
+CONTEXT_HEADER = (
+    "Answer using the numbered passages below when they are relevant, and cite them like [1]. "
+    "If they do not contain the answer, say so.\n\nPassages:\n"
+)
+
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search_documents",
+        "description": "Search the document index and return the most relevant passages with their sources.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "what to look for"},
+                "k": {"type": "integer", "minimum": 1, "maximum": 20, "description": "number of passages"},
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+_indexes: dict[str, Index] = {}
+_indexes_lock = threading.Lock()
+
+
+def open_index(index_path: str | Path) -> Index:
+    """One shared read handle per index file (the vector matrix stays cached between requests)."""
+    key = str(Path(index_path).resolve())
+    with _indexes_lock:
+        if key not in _indexes:
+            _indexes[key] = Index(key, create=False)
+        return _indexes[key]
+
+
+def message_text(content) -> str:
+    """Text of an OpenAI message ``content``: a string, None, or a list of parts ({"type":"text","text":...})."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    raise IndexStoreError(f"unsupported message content of type {type(content).__name__}")
+
+
+def last_user_text(messages: list[dict]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            text = message_text(m.get("content")).strip()
+            if text:
+                return text
+    raise IndexStoreError("retrieval needs a user message with text to search for")
+
+
+def source_of(hit: Hit, number: int) -> dict:
+    """The JSON-able description of one retrieved passage (what a response lists as its sources)."""
+    return {"id": number, "path": hit.path, "title": hit.title, "lines": [hit.line_start, hit.line_end],
+            "chunk": hit.ord, "score": round(hit.score, 6), "text": hit.text}
+
+
+def format_passages(hits: list[Hit]) -> str:
+    return "\n\n".join(f"[{i}] (source: {Path(h.path).name}, lines {h.line_start}-{h.line_end})\n{h.text}"
+                       for i, h in enumerate(hits, 1))
+
+
+def retrieve(index_path: str | Path, query: str, k: int = 5, mode: str = "hybrid") -> list[Hit]:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise IndexStoreError(f"retrieval k must be an integer from 1 to {MAX_K}, got {k!r}")
+    return open_index(index_path).search(query, k=k, mode=mode)
+
+
+def augment_messages(
+    index_path: str | Path, messages: list[dict], k: int = 5, mode: str = "hybrid"
+) -> tuple[list[dict], list[dict]]:
+    """(new messages, sources). The passages for the last user message go into the system turn (appended to an
+    existing system message, else a new one first); the input list is not modified."""
+    hits = retrieve(index_path, last_user_text(messages), k, mode)
+    sources = [source_of(h, i) for i, h in enumerate(hits, 1)]
+    if not hits:
+        return [dict(m) for m in messages], []
+    context = CONTEXT_HEADER + format_passages(hits)
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = (message_text(out[0].get("content")).rstrip() + "\n\n" + context).strip()
+    else:
+        out.insert(0, {"role": "system", "content": context})
+    return out, sources
+
+
+def run_search_tool(index_path: str | Path, arguments: str | dict, default_k: int = 5) -> tuple[str, list[dict]]:
+    """Execute a ``search_documents`` call: (observation text for the model, sources)."""
+    args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
+    if not isinstance(args, dict) or not isinstance(args.get("query"), str):
+        raise IndexStoreError('search_documents needs {"query": "..."}')
+    k = args.get("k", default_k)
+    hits = retrieve(index_path, args["query"], int(k) if isinstance(k, int | float) else default_k)
+    if not hits:
+        return "No matching passages.", []
+    return format_passages(hits), [source_of(h, i) for i, h in enumerate(hits, 1)]
