@@ -1,0 +1,370 @@
+"""The training loop: one loop for the three objectives (see :mod:`quicksilver.train.objectives`).
+
+Run layout (``run_dir``): ``recipe.yaml``, ``tokenizer/``, ``log.jsonl`` (one JSON object per logged step,
+plus ``event`` records), ``checkpoints/ckpt-<step>.pt`` and, at the end, ``export/`` (a model folder).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quicksilver.checkpoint import load_pretrained, save_pretrained
+from quicksilver.config import ModelConfig
+from quicksilver.model import Transformer, init_std_scaled
+from quicksilver.sampling import SamplingParams
+from quicksilver.tokenizer import RAINBOW_PADS, Tokenizer
+from quicksilver.train import ddp
+from quicksilver.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
+from quicksilver.train.objectives import LOSSES, MODE_OF_OBJECTIVE, NoiseSettings
+from quicksilver.train.packing import RowPacker
+from quicksilver.train.recipe import Recipe
+from quicksilver.train.schedule import lr_at
+
+TRAINING_STATE = "training_state.json"  # written next to an exported model: how far it was trained
+
+
+@dataclass
+class TrainOptions:
+    run_dir: Path
+    resume: bool = False
+    init_from: Path | None = None  # warm start from a model folder (weights + recorded step/data position)
+    max_steps: int | None = None  # overrides recipe.train.max_steps (end of the LR schedule)
+    stop_at_step: int | None = None  # stop (with a checkpoint) at this step without ending the schedule
+    max_time_min: float | None = None  # stop (with a checkpoint) after this much wall time
+    threads: int | None = None
+    tokenizer: Path | None = None  # shared tokenizer folder (built there when missing)
+    progress: bool | None = None  # rich progress bar; default: when stderr is a terminal
+    export: bool = True  # write <run_dir>/export at the end
+
+
+@dataclass
+class TrainResult:
+    step: int
+    losses: list[float] = field(default_factory=list)  # per step run in this process
+    run_dir: Path | None = None
+    export_dir: Path | None = None
+    model: Transformer | None = None
+
+
+# -- building blocks ----------------------------------------------------------------------------------
+
+def model_config(recipe: Recipe, tok: Tokenizer) -> ModelConfig:
+    mode = MODE_OF_OBJECTIVE[recipe.objective]
+    pads = [i for i in (tok.token_id(t) for t in RAINBOW_PADS) if i is not None]
+    return ModelConfig(
+        vocab_size=tok.vocab_size, attention_mode=mode, token_shift=mode == "causal",
+        mask_token_id=tok.mask_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+        stop_token_ids=pads,  # a committed rainbow pad also means "the answer is over"
+        **recipe.model.model_dump(),
+    )
+
+
+def build_model(cfg: ModelConfig, seed: int) -> Transformer:
+    """The initial model of a run: a function of (config, seed) only, the same on every rank."""
+    torch.manual_seed(seed)
+    model = Transformer(cfg)
+    init_std_scaled(model)
+    return model
+
+
+def stream_factory(recipe: Recipe, tok: Tokenizer, rank: int) -> Callable[[int], Iterator[Any]]:
+    seed = recipe.data.seed + 1_000_003 * rank  # ranks read disjoint, reproducible streams
+    if recipe.data.source == "synthetic":
+        from quicksilver.train.synthetic import toy_stream
+
+        return lambda start: toy_stream(tok, seed, start, recipe.data.mix)
+    from quicksilver.data import training_stream  # the corpus is heavy: import only when used
+
+    return lambda start: training_stream(tok, seed, start=start, mix=recipe.data.mix)
+
+
+def resolve_tokenizer(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> Tokenizer:
+    if opts.init_from is not None:
+        return Tokenizer.load(opts.init_from)
+    if recipe.data.source == "synthetic":
+        from quicksilver.testing import tiny_tokenizer
+
+        return tiny_tokenizer()
+    folder = opts.tokenizer or (Path(recipe.data.tokenizer) if recipe.data.tokenizer else opts.run_dir / "tokenizer")
+    if not (folder / "tokenizer.json").is_file():
+        if world.is_main:
+            from quicksilver.data import build_tokenizer
+
+            build_tokenizer(recipe.data.vocab_size).save(folder)
+        ddp.barrier(world)
+    return Tokenizer.load(folder)
+
+
+def generation_defaults(recipe: Recipe, cfg: ModelConfig) -> SamplingParams:
+    g = recipe.generation
+    block = 1 if cfg.attention_mode == "causal" else cfg.block_size
+    return SamplingParams(max_tokens=g.max_tokens, policy=g.policy, threshold=g.threshold, block_size=block)
+
+
+def export_model(model: Transformer, tok: Tokenizer, recipe: Recipe, folder: Path, state: dict[str, Any]) -> Path:
+    """Write an HF-layout bf16 model folder plus ``training_state.json`` (for ``--init-from``)."""
+    save_pretrained(folder, model, tok, generation_defaults(recipe, model.config), dtype=torch.bfloat16)
+    info = {k: state[k] for k in ("step", "tokens_seen", "samples_seen", "train_seconds", "data_positions")}
+    info.update(objective=recipe.objective, max_steps=state["max_steps"], recipe=recipe.model_dump(mode="json"))
+    (folder / TRAINING_STATE).write_text(json.dumps(info, indent=2) + "\n")
+    return folder
+
+
+def export_checkpoint(run_dir: Path, out: Path, checkpoint: Path | None = None) -> Path:
+    """Export a run's latest (or given) checkpoint as a model folder."""
+    path = checkpoint or latest_checkpoint(run_dir)
+    if path is None:
+        raise FileNotFoundError(f"{run_dir}: no checkpoints to export")
+    ckpt = load_checkpoint(path)
+    recipe = Recipe.from_dict(ckpt["recipe"], source=str(path))
+    tok = Tokenizer.load(run_dir / "tokenizer")
+    model = Transformer(ModelConfig.from_dict(ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return export_model(model, tok, recipe, out, ckpt)
+
+
+class _StopSignal:
+    """SIGTERM/SIGINT ask the loop to checkpoint and stop at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.raised = True
+
+    def __enter__(self) -> _StopSignal:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. inside some test runners)
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class _Reporter:
+    """JSONL log + progress display (rich bar on a terminal, a plain line every 30 s otherwise)."""
+
+    def __init__(self, run_dir: Path, enabled: bool, progress: bool | None, total: int, start: int):
+        self.enabled = enabled
+        self.log = open(run_dir / "log.jsonl", "a") if enabled else None  # noqa: SIM115 - closed in close()
+        self.total, self.start = total, start
+        self.last_print = 0.0
+        self.bar = None
+        if enabled and (progress if progress is not None else sys.stderr.isatty()):
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:.0f} tok/s"), TimeRemainingColumn(),
+                transient=False,
+            )
+            self.task = self.bar.add_task("train", total=total, completed=start, loss=math.nan, tps=0.0)
+            self.bar.start()
+
+    def event(self, **record: Any) -> None:
+        if self.log is not None:
+            self.log.write(json.dumps({"time": time.time(), **record}) + "\n")
+            self.log.flush()
+
+    def step(self, record: dict[str, Any], log_it: bool) -> None:
+        if not self.enabled:
+            return
+        if log_it:
+            self.event(**record)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=record["step"], loss=record["loss"], tps=record["tok_per_s"])
+        elif time.time() - self.last_print > 30 or record["step"] in (self.start + 1, self.total):
+            self.last_print = time.time()
+            left = (self.total - record["step"]) * record["step_s"]
+            print(f"step {record['step']}/{self.total} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+                  f"{record['tok_per_s']:.0f} tok/s ETA {left / 60:.1f} min", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        if self.log is not None:
+            self.log.close()
+
+
+# -- the loop -------------------------------------------------------------------------------------------
+
+def _check_same_run(saved: dict[str, Any], recipe: Recipe, source: str) -> None:
+    for part in ("objective", "model", "data"):
+        if saved.get(part) != recipe.model_dump(mode="json")[part]:
+            raise ValueError(f"{source}: the recipe's {part!r} section differs from the run being resumed")
+
+
+def train(recipe: Recipe, opts: TrainOptions) -> TrainResult:
+    world = ddp.init_world()
+    try:
+        return _train(recipe, opts, world)
+    finally:
+        ddp.shutdown(world)
+
+
+def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
+    tr = recipe.train
+    threads = opts.threads or tr.threads
+    if threads:
+        torch.set_num_threads(threads)
+    run_dir = opts.run_dir
+    total = opts.max_steps or tr.max_steps
+    if opts.resume and opts.init_from is not None:
+        raise ValueError("use either --resume (continue this run) or --init-from (warm start), not both")
+    resume_path = latest_checkpoint(run_dir) if opts.resume else None
+    if opts.resume and resume_path is None and world.is_main:
+        print(f"no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
+    if world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    ddp.barrier(world)
+
+    tok = resolve_tokenizer(recipe, opts, world)
+    if world.is_main:
+        tok.save(run_dir / "tokenizer")
+        (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
+    cfg = model_config(recipe, tok)
+    model = build_model(cfg, tr.seed)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tr.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tr.lr, betas=tr.betas, fused=False,
+    )
+    gen = torch.Generator().manual_seed(tr.seed * 1000 + world.rank)
+    step, tokens_seen, samples_seen, train_seconds = 0, 0, 0, 0.0
+    positions = [0] * world.size
+
+    if resume_path is not None:
+        ckpt = load_checkpoint(resume_path)
+        _check_same_run(ckpt["recipe"], recipe, str(resume_path))
+        if len(ckpt["data_positions"]) != world.size:
+            raise ValueError(f"{resume_path}: saved with {len(ckpt['data_positions'])} processes, "
+                             f"resumed with {world.size}")
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        gen.set_state(ckpt["noise_rng"][world.rank])
+        torch.set_rng_state(ckpt["torch_rng"])
+        step, tokens_seen, samples_seen = ckpt["step"], ckpt["tokens_seen"], ckpt["samples_seen"]
+        train_seconds, positions = ckpt["train_seconds"], ckpt["data_positions"]
+    elif opts.init_from is not None:
+        loaded = load_pretrained(opts.init_from, dtype=torch.float32)
+        if loaded.model.config.to_dict() | {"torch_dtype": None} != cfg.to_dict() | {"torch_dtype": None}:
+            raise ValueError(f"{opts.init_from}: its config does not match the recipe's model")
+        model.load_state_dict(loaded.model.state_dict())
+        state_path = opts.init_from / TRAINING_STATE
+        if state_path.is_file():
+            state = json.loads(state_path.read_text())
+            step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
+            samples_seen, train_seconds = int(state["samples_seen"]), float(state["train_seconds"])
+            saved = list(state["data_positions"])
+            positions = [saved[r] if r < len(saved) else 0 for r in range(world.size)]
+        if step >= total:
+            raise ValueError(f"{opts.init_from} was trained for {step} steps already; pass --max-steps > {step}")
+    ddp.broadcast_parameters(model, world)
+
+    packer = RowPacker(
+        stream_factory(recipe, tok, world.rank), positions[world.rank], recipe.data.seq_len, tr.batch_size,
+        eos_id=tok.eos_id, pad_ids=list(cfg.stop_token_ids), filler_id=tok.pad_id, block_size=cfg.block_size,
+    )
+    loss_fn = LOSSES[recipe.objective]
+    noise = NoiseSettings(tr.t_min, tr.t_max, tr.weighting, recipe.data.pad_weight)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if tr.bf16 else nullcontext
+    reporter = _Reporter(run_dir, world.is_main, opts.progress, total, step)
+    reporter.event(event="resume" if resume_path else ("init_from" if opts.init_from else "start"), step=step,
+                   world_size=world.size, params=model.num_parameters(), threads=torch.get_num_threads(),
+                   checkpoint=str(resume_path) if resume_path else None)
+    result = TrainResult(step=step, run_dir=run_dir)
+    session_start, session_tokens = time.time(), 0
+    stop_at = min(total, opts.stop_at_step or total)
+    last_saved = step
+
+    def checkpoint_state() -> dict[str, Any]:
+        all_positions = ddp.gather(packer.position, world)
+        noise_states = ddp.gather(gen.get_state(), world)
+        return {
+            "step": step, "max_steps": total, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "model_config": cfg.to_dict(), "recipe": recipe.model_dump(mode="json"),
+            "data_positions": all_positions, "noise_rng": noise_states, "torch_rng": torch.get_rng_state(),
+            "tokens_seen": tokens_seen, "samples_seen": samples_seen,
+            "train_seconds": train_seconds + time.time() - session_start,
+        }
+
+    def save() -> None:
+        state = checkpoint_state()  # collective: every rank takes part
+        if world.is_main:
+            path = save_checkpoint(run_dir, step, state, tr.keep_checkpoints)
+            reporter.event(event="checkpoint", step=step, path=str(path))
+
+    with _StopSignal() as stop_signal:
+        model.train()
+        while step < stop_at:
+            t0 = time.time()
+            lr = lr_at(step, tr.lr, tr.warmup_steps, total, tr.min_lr_ratio)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = ce_sum = 0.0
+            step_samples = 0
+            for _ in range(tr.grad_accum):
+                batch = packer.next_batch()
+                step_samples += batch.samples
+                with autocast():
+                    out = loss_fn(model, batch, noise, gen)
+                (out.loss / tr.grad_accum).backward()
+                loss_sum += float(out.loss.detach())
+                ce_sum += out.ce
+            ddp.average_gradients(model, world)
+            clip = tr.grad_clip if tr.grad_clip > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            loss, ce, n_samples = ddp.all_sum([loss_sum / tr.grad_accum, ce_sum / tr.grad_accum, step_samples], world)
+            loss, ce = loss / world.size, ce / world.size
+            step_tokens = tr.batch_size * recipe.data.seq_len * tr.grad_accum * world.size
+            tokens_seen += step_tokens
+            samples_seen += int(n_samples)
+            session_tokens += step_tokens
+            result.losses.append(loss)
+            elapsed = time.time() - session_start
+            record = {
+                "step": step, "loss": round(loss, 6), "ce": round(ce, 6), "lr": lr, "grad_norm": round(grad_norm, 4),
+                "tokens_seen": tokens_seen, "samples_seen": samples_seen, "tok_per_s": session_tokens / elapsed,
+                "step_s": time.time() - t0, "train_seconds": round(train_seconds + elapsed, 2),
+            }
+            reporter.step(record, log_it=step % tr.log_every == 0 or step == stop_at)
+            timed_out = opts.max_time_min is not None and elapsed > opts.max_time_min * 60
+            if ddp.any_flag(stop_signal.raised or timed_out, world):
+                stop_at = step
+            if step % tr.checkpoint_every == 0 or step == stop_at:
+                save()
+                last_saved = step
+    if last_saved != step:
+        save()
+    result.step, result.model = step, model
+    if opts.export:
+        state = checkpoint_state()  # collective
+        if world.is_main:
+            result.export_dir = export_model(model, tok, recipe, run_dir / "export", state)
+    if world.distributed:  # prove the replicas agree: every rank reports a checksum of its weights
+        checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
+        reporter.event(event="param_checksums", step=step, checksums=ddp.gather(checksum, world))
+    reporter.event(event="end", step=step, tokens_seen=tokens_seen, train_seconds=train_seconds + time.time()
+                   - session_start)
+    reporter.close()
+    return result

@@ -1,0 +1,131 @@
+"""The three training objectives, one signature: ``loss(model, batch, settings, generator) -> LossOut``.
+
+* ``mdlm``  masked diffusion (MDLM / LLaDA) for a bidirectional model: per segment t ~ U(t_min, t_max),
+            every answer token masked with probability t, cross-entropy on masked tokens weighted 1/t.
+* ``block`` block diffusion (BD3-LM) for a block-causal model: per (segment, block) noise level, trained
+            in one forward over ``[x_t || x_0]`` (2L tokens, positions duplicated). Noisy block b sees
+            itself (noisy) and the clean blocks < b; the clean stream is block-causal on itself. That is
+            exactly what the decoder shows the model: an exact cache of clean earlier blocks plus the
+            current, partly masked block.
+* ``ar``    next-token cross-entropy for the causal twin (token_shift: hidden i predicts token i+1).
+
+Losses are divided by the number of answer tokens (not masked tokens), which makes the diffusion loss
+the per-token ELBO (an upper bound on NLL in nats) and comparable to the AR cross-entropy. The vocabulary
+head runs only at scored positions: at vocab 4k it is a large share of a small model's FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from quicksilver.model import Transformer
+from quicksilver.train.packing import PAD, RESPONSE, Batch
+
+OBJECTIVES = ("mdlm", "block", "ar")
+MODE_OF_OBJECTIVE = {"mdlm": "bidirectional", "block": "block_causal", "ar": "causal"}
+
+
+@dataclass(frozen=True)
+class NoiseSettings:
+    t_min: float = 1e-3
+    t_max: float = 1.0
+    weighting: str = "elbo"  # "elbo" (1/t) or "flat"
+    pad_weight: float = 1.0  # loss weight of rainbow pads relative to answer tokens
+
+
+@dataclass
+class LossOut:
+    loss: torch.Tensor  # scalar to back-propagate
+    ce: float  # unweighted mean cross-entropy over scored tokens (nats)
+    scored: int  # tokens whose logits were computed
+    answer_tokens: float  # the normaliser
+
+
+def _region_weight(batch: Batch, pad_weight: float) -> torch.Tensor:
+    w = (batch.region == RESPONSE).float()
+    return w + (batch.region == PAD).float() * pad_weight
+
+
+def _noise_levels(keys: torch.Tensor, n_keys: int, s: NoiseSettings, gen: torch.Generator) -> torch.Tensor:
+    """t for every token from one level per (row, key); antithetic (stratified) across the batch."""
+    b = keys.shape[0]
+    count = b * n_keys
+    u = (torch.rand(1, generator=gen) + torch.arange(count) / count) % 1.0
+    u = u[torch.randperm(count, generator=gen)].view(b, n_keys)
+    t = s.t_min + (s.t_max - s.t_min) * u
+    return t.gather(1, keys)
+
+
+def _masked_loss(
+    model: Transformer, hidden: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
+    weight: torch.Tensor, s: NoiseSettings,
+) -> LossOut:
+    rows = hidden[masked]
+    logits = model.logits(rows)
+    ce = F.cross_entropy(logits, targets[masked], reduction="none")
+    w = weight[masked] / (t[masked] if s.weighting == "elbo" else 1.0)
+    denom = weight.sum().clamp_min(1.0)
+    loss = (ce * w).sum() / denom
+    mean_ce = float(ce.detach().mean()) if ce.numel() else 0.0
+    return LossOut(loss, mean_ce, int(masked.sum()), float(denom))
+
+
+def mdlm_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
+    weight = _region_weight(batch, s.pad_weight)
+    n_docs = int(batch.doc.max()) + 1
+    t = _noise_levels(batch.doc, n_docs, s, gen)
+    masked = (torch.rand(batch.ids.shape, generator=gen) < t) & (weight > 0)
+    noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
+    mask = batch.same_doc().unsqueeze(1)
+    hidden, _ = model(noisy, batch.positions, mask=mask)
+    return _masked_loss(model, hidden, batch.ids, masked, t, weight, s)
+
+
+def block_diffusion_mask(batch: Batch, block_size: int) -> torch.Tensor:
+    """[B, 1, 2L, 2L] mask over ``[x_t || x_0]`` (True = attend)."""
+    same = batch.same_doc()
+    blk = torch.div(batch.positions, block_size, rounding_mode="floor")
+    bq, bk = blk.unsqueeze(-1), blk.unsqueeze(-2)
+    noisy_noisy = same & (bq == bk)
+    noisy_clean = same & (bk < bq)
+    clean_clean = same & (bk <= bq)
+    top = torch.cat([noisy_noisy, noisy_clean], dim=-1)
+    bottom = torch.cat([torch.zeros_like(clean_clean), clean_clean], dim=-1)
+    return torch.cat([top, bottom], dim=-2).unsqueeze(1)
+
+
+def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
+    bs = model.config.block_size
+    weight = _region_weight(batch, s.pad_weight)
+    L = batch.ids.shape[1]
+    blocks_per_doc = -(-L // bs)
+    key = batch.doc * blocks_per_doc + torch.div(batch.positions, bs, rounding_mode="floor")
+    t = _noise_levels(key, int(key.max()) + 1, s, gen)
+    masked = (torch.rand(batch.ids.shape, generator=gen) < t) & (weight > 0)
+    noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
+    ids = torch.cat([noisy, batch.ids], dim=1)
+    positions = torch.cat([batch.positions, batch.positions], dim=1)
+    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs))
+    return _masked_loss(model, hidden[:, :L], batch.ids, masked, t, weight, s)
+
+
+def ar_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
+    same = batch.same_doc()
+    causal = batch.positions.unsqueeze(-2) <= batch.positions.unsqueeze(-1)
+    hidden, _ = model(batch.ids, batch.positions, mask=(same & causal).unsqueeze(1))
+    # hidden i predicts token i+1 of the same segment when that token is part of the answer (EOS included)
+    scored = (batch.region[:, 1:] == RESPONSE) & (batch.doc[:, 1:] == batch.doc[:, :-1])
+    logits = model.logits(hidden[:, :-1][scored])
+    ce = F.cross_entropy(logits, batch.ids[:, 1:][scored], reduction="sum")
+    n = int(scored.sum())
+    loss = ce / max(n, 1)
+    return LossOut(loss, float(loss.detach()), n, float(n))
+
+
+LOSSES: dict[str, Callable[[Transformer, Batch, NoiseSettings, torch.Generator], LossOut]] = {
+    "mdlm": mdlm_loss, "block": block_loss, "ar": ar_loss,
+}

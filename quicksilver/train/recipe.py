@@ -1,0 +1,108 @@
+"""Training recipes: a YAML file validated by pydantic (unknown keys are errors, not silently ignored)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """Architecture; vocab size, special ids, attention mode and token shift come from tokenizer/objective."""
+
+    hidden_size: int = Field(256, gt=0)
+    num_hidden_layers: int = Field(4, gt=0)
+    num_attention_heads: int = Field(4, gt=0)
+    num_key_value_heads: int = Field(4, gt=0)
+    intermediate_size: int = Field(688, gt=0)
+    block_size: int = Field(32, gt=0)
+    max_position_embeddings: int = Field(2048, gt=0)
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+    qk_norm: bool = False
+
+
+class DataSpec(_Strict):
+    source: Literal["corpus", "synthetic"] = "corpus"  # quicksilver.data.training_stream or toy tasks
+    vocab_size: int = Field(4096, gt=0)  # BPE size when the tokenizer is built
+    tokenizer: str | None = None  # tokenizer folder to use (built and saved there when missing)
+    seed: int = 0
+    mix: dict[str, float] | None = None  # passed to training_stream
+    seq_len: int = Field(256, gt=8)
+    pad_weight: float = Field(1.0, ge=0)
+
+
+class TrainSpec(_Strict):
+    batch_size: int = Field(8, gt=0)  # rows per micro-batch per process
+    grad_accum: int = Field(1, gt=0)
+    max_steps: int = Field(1000, gt=0)  # optimizer steps; also the end of the cosine schedule
+    lr: float = Field(1e-3, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(100, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = Field(1.0, ge=0)  # 0 disables clipping
+    bf16: bool = True  # bf16 autocast (fp32 master weights)
+    threads: int | None = Field(None, gt=0)
+    seed: int = 0
+    t_min: float = Field(1e-3, gt=0, le=1)
+    t_max: float = Field(1.0, gt=0, le=1)
+    weighting: Literal["elbo", "flat"] = "elbo"
+    checkpoint_every: int = Field(100, gt=0)
+    keep_checkpoints: int = Field(2, ge=1)
+    log_every: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainSpec:
+        if self.t_min > self.t_max:
+            raise ValueError("t_min must be <= t_max")
+        return self
+
+
+class GenerationSpec(_Strict):
+    """generation_config.json of the exported model."""
+
+    max_tokens: int = Field(256, gt=0)
+    policy: Literal["low_confidence", "threshold", "factor", "entropy", "margin"] = "threshold"
+    threshold: float = Field(0.9, ge=0, le=1)
+
+
+class Recipe(_Strict):
+    name: str
+    objective: Literal["mdlm", "block", "ar"]
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    train: TrainSpec = TrainSpec()
+    generation: GenerationSpec = GenerationSpec()
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "recipe") -> Recipe:
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a mapping at the top level")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "recipe"
+            more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+            raise ValueError(f"{source}: {where}: {first['msg']}{more}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Recipe:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: recipe not found")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML ({exc})") from None
+        return cls.from_dict(data, source=str(path))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

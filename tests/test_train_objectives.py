@@ -1,0 +1,95 @@
+"""Training objectives and packing: rows, masks, and that each objective actually learns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from quicksilver.testing import tiny_tokenizer
+from quicksilver.tokenizer import RAINBOW_PADS
+from quicksilver.train import Recipe, TrainOptions, train
+from quicksilver.train.loop import build_model, model_config
+from quicksilver.train.objectives import LOSSES, NoiseSettings, block_diffusion_mask
+from quicksilver.train.packing import FILLER, PAD, PROMPT, RESPONSE, RowPacker, build_segment
+from quicksilver.train.synthetic import ToySample, toy_recipe, toy_stream
+
+
+def test_segment_has_rainbow_pads_up_to_the_block_boundary():
+    pads = [100 + i for i in range(8)]
+    ids, region = build_segment([7, 7, 7], [5, 6, 1], eos_id=1, pad_ids=pads, block_size=8, max_len=64)
+    assert ids == [7, 7, 7, 5, 6, 1, 100, 101]
+    assert region == [PROMPT] * 3 + [RESPONSE] * 3 + [PAD] * 2
+    # pads cycle through the 8 distinct tokens, never EOS
+    ids, _ = build_segment([], [5] * 3 + [1], eos_id=1, pad_ids=pads, block_size=16, max_len=64)
+    assert ids[4:] == pads + pads[:4]
+    # text without EOS is not padded; a prompt that fills the row is unusable
+    assert build_segment([], [5, 6], 1, pads, 8, 64) == ([5, 6], [RESPONSE, RESPONSE])
+    assert build_segment([7] * 64, [5, 1], 1, pads, 8, 64) is None
+
+
+def test_packer_restarts_positions_per_segment_and_loses_no_sample():
+    samples = [ToySample([9] * (i % 5), [4] * (3 + i % 7) + [1]) for i in range(200)]
+
+    def factory(start):
+        return iter(samples[start:])
+
+    packer = RowPacker(factory, 0, seq_len=32, rows=3, eos_id=1, pad_ids=[50, 51], filler_id=2, block_size=4)
+    seen = 0
+    for _ in range(4):
+        batch = packer.next_batch()
+        seen += batch.samples
+        for r in range(3):
+            starts = (batch.positions[r] == 0).nonzero().flatten().tolist()
+            assert len(starts) == int(batch.doc[r].max()) + 1  # every segment (and the filler) starts at 0
+            assert (batch.region[r, batch.region[r] == FILLER].numel() == 0) or batch.region[r, -1] == FILLER
+    assert packer.position == seen  # the sample that did not fit was not consumed
+    resumed = RowPacker(factory, packer.position, 32, 3, 1, [50, 51], 2, 4).next_batch()
+    assert torch.equal(resumed.ids, packer.next_batch().ids)
+
+
+def test_block_diffusion_mask_sees_own_noisy_block_and_earlier_clean_blocks():
+    tok = tiny_tokenizer()
+    packer = RowPacker(lambda s: iter([ToySample([], [5] * 11 + [tok.eos_id])] * 3), 0, seq_len=16, rows=1,
+                       eos_id=tok.eos_id, pad_ids=[30], filler_id=tok.pad_id, block_size=4)
+    batch = packer.next_batch()  # one 12-token segment (3 blocks of 4) then 4 filler tokens
+    m = block_diffusion_mask(batch, 4)[0, 0]
+    L = 16
+    noisy, clean = slice(0, L), slice(L, 2 * L)
+    assert m[noisy, noisy][5, 4] and m[noisy, noisy][5, 7] and not m[noisy, noisy][5, 3]  # own block only
+    assert m[noisy, clean][5, 3] and not m[noisy, clean][5, 4]  # clean strictly earlier blocks
+    assert not m[clean, noisy].any()  # the clean stream never sees noise
+    assert m[clean, clean][5, 7] and m[clean, clean][5, 0] and not m[clean, clean][5, 8]
+    assert not m[noisy, noisy][13, 11] and not m[noisy, clean][13, 0]  # filler is its own document
+
+
+def held_out_loss(model, objective: str, recipe: Recipe) -> float:
+    tok = tiny_tokenizer()
+    cfg = model.config
+    packer = RowPacker(lambda s: toy_stream(tok, 999, s), 0, recipe.data.seq_len, 16, tok.eos_id,
+                       list(cfg.stop_token_ids), tok.pad_id, cfg.block_size)
+    batch = packer.next_batch()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        return float(LOSSES[objective](model, batch, NoiseSettings(), gen).loss)
+
+
+@pytest.mark.parametrize("objective", ["mdlm", "block", "ar"])
+def test_each_objective_lowers_held_out_loss(objective: str, tmp_path: Path):
+    recipe = toy_recipe(objective)
+    cfg = model_config(recipe, tiny_tokenizer())
+    before = held_out_loss(build_model(cfg, recipe.train.seed), objective, recipe)
+    result = train(recipe, TrainOptions(run_dir=tmp_path, progress=False, export=False))
+    after = held_out_loss(result.model, objective, recipe)
+    assert result.step == 40
+    assert after < 0.8 * before, (before, after)
+
+
+def test_config_of_a_trained_model_ends_answers_at_rainbow_pads():
+    tok = tiny_tokenizer()
+    cfg = model_config(toy_recipe("block"), tok)
+    assert cfg.attention_mode == "block_causal" and not cfg.token_shift
+    assert set(cfg.end_token_ids) >= {tok.token_id(p) for p in RAINBOW_PADS} | {tok.eos_id}
+    ar = model_config(toy_recipe("ar"), tok)
+    assert ar.attention_mode == "causal" and ar.token_shift

@@ -1,0 +1,89 @@
+"""Checkpoints: resume is exact, warm starts continue the schedule, and the CLI exports and plots."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from quicksilver.checkpoint import load_pretrained
+from quicksilver.cli import main
+from quicksilver.train import Recipe, TrainOptions, train
+from quicksilver.train.checkpointing import list_checkpoints
+from quicksilver.train.synthetic import TOY_RECIPE as TOY
+from quicksilver.train.synthetic import toy_recipe
+
+
+def test_resume_continues_exactly(tmp_path: Path):
+    recipe = toy_recipe("block", max_steps=8, checkpoint_every=4)
+    straight = train(recipe, TrainOptions(run_dir=tmp_path / "a", progress=False, export=False))
+    first = train(recipe, TrainOptions(run_dir=tmp_path / "b", stop_at_step=4, progress=False, export=False))
+    assert [s for s, _ in list_checkpoints(tmp_path / "b")] == [4]
+    second = train(recipe, TrainOptions(run_dir=tmp_path / "b", resume=True, progress=False, export=False))
+    assert first.step == 4 and second.step == 8
+    assert first.losses + second.losses == straight.losses  # bit-identical, not approximately equal
+    final_a, final_b = straight.model.state_dict(), second.model.state_dict()
+    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+    log = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    events = [r["event"] for r in log if "event" in r]
+    assert events == ["start", "checkpoint", "end", "resume", "checkpoint", "end"]
+
+
+def test_resume_refuses_a_different_model(tmp_path: Path):
+    train(toy_recipe("block", max_steps=2), TrainOptions(run_dir=tmp_path, progress=False, export=False))
+    other = Recipe.from_dict({**TOY, "model": {**TOY["model"], "hidden_size": 32}})
+    with pytest.raises(ValueError, match="'model' section differs"):
+        train(other, TrainOptions(run_dir=tmp_path, resume=True, progress=False))
+
+
+def test_init_from_exported_model_continues_step_count(tmp_path: Path):
+    recipe = toy_recipe("ar", max_steps=5)
+    done = train(recipe, TrainOptions(run_dir=tmp_path / "a", progress=False))
+    folder = done.export_dir
+    state = json.loads((folder / "training_state.json").read_text())
+    assert state["step"] == 5 and state["tokens_seen"] == 5 * 4 * 64
+    loaded = load_pretrained(folder)
+    assert loaded.model.dtype == torch.bfloat16 and loaded.defaults.block_size == 1
+    with pytest.raises(ValueError, match="trained for 5 steps"):
+        train(recipe, TrainOptions(run_dir=tmp_path / "b", init_from=folder, progress=False))
+    more = train(recipe, TrainOptions(run_dir=tmp_path / "b", init_from=folder, max_steps=8, progress=False))
+    assert more.step == 8 and len(more.losses) == 3
+    log = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [6, 7, 8]
+    assert log[-1]["tokens_seen"] == 8 * 4 * 64
+
+
+def test_cli_trains_exports_and_plots(tmp_path: Path, capsys):
+    recipe_path = tmp_path / "toy.yaml"
+    recipe_path.write_text(yaml.safe_dump({**TOY, "train": {**TOY["train"], "max_steps": 3}}))
+    run_dir = tmp_path / "run"
+    assert main(["train", str(recipe_path), "--run-dir", str(run_dir), "--no-progress"]) == 0
+    shutil.rmtree(run_dir / "export")
+    assert main(["train", "export", str(run_dir), "-o", str(tmp_path / "model")]) == 0
+    assert load_pretrained(tmp_path / "model").model.config.block_size == 8
+    png = tmp_path / "loss.png"
+    assert main(["train", "plot", str(run_dir / "log.jsonl"), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "{dir}/missing.yaml"], "recipe not found"),
+        (["train", "{dir}/bad.yaml"], "train.lr"),
+        (["train", "{dir}/unknown.yaml"], "Extra inputs are not permitted"),
+        (["train", "plot", "{dir}/missing.jsonl", "-o", "{dir}/x.png"], "log not found"),
+        (["train", "export", "{dir}"], "usage"),
+        (["train", "export", "{dir}", "-o", "{dir}/out"], "no checkpoints"),
+    ],
+)
+def test_cli_errors_are_one_line(tmp_path: Path, capsys, argv: list[str], message: str):
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**TOY, "train": {"lr": -1}}))
+    (tmp_path / "unknown.yaml").write_text(yaml.safe_dump({**TOY, "optimiser": "sgd"}))
+    assert main([a.format(dir=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
