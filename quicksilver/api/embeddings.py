@@ -63,7 +63,9 @@ async def create_embeddings(request: Request) -> JSONResponse:
         req = EmbeddingRequest.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
+        param = str(first["loc"][0]) if first["loc"] else None
+        if param == "input":  # a union: pydantic's per-branch message would only confuse
+            return error(400, "input must be a string, a list of strings, or token-id arrays", param="input")
         return error(400, f"{param}: {first['msg']}" if param else first["msg"], param=param)
 
     from quicksilver.embeddings import DIM, MODEL_NAME
