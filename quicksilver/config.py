@@ -78,7 +78,8 @@ class ModelConfig:
             raise ConfigError("block_size must be >= 1")
         if not 0 < self.partial_rotary_factor <= 1:
             raise ConfigError("partial_rotary_factor must be in (0, 1]")
-        if self.num_experts and (self.num_experts % self.moe_n_group or not 1 <= self.moe_topk_group <= self.moe_n_group):
+        groups_ok = self.num_experts % self.moe_n_group == 0 and 1 <= self.moe_topk_group <= self.moe_n_group
+        if self.num_experts and not groups_ok:
             raise ConfigError("num_experts must split into moe_n_group groups and 1 <= moe_topk_group <= moe_n_group")
         if self.attention_mode == "causal" and not self.token_shift:
             raise ConfigError("a causal (autoregressive) model must have token_shift=true")

@@ -30,7 +30,7 @@ FAST_DLLM_V2 = '{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- i
 # inclusionAI's dInfer / SGLang examples: "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>
 # ...<|role_end|><role>ASSISTANT</role>" (a system message goes before "\\ndetailed thinking off").
 LLADA2 = (
-    "<role>SYSTEM</role>{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\\n"
+    "<role>SYSTEM</role>{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n' }}"
     "{% endif %}detailed thinking off<|role_end|>"
     "{% for message in messages %}{% if message['role'] == 'user' %}<role>HUMAN</role>{{ message['content'] }}"
     "<|role_end|>{% elif message['role'] == 'assistant' %}<role>ASSISTANT</role>{{ message['content'] }}"

@@ -13,13 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import replica_templates as templates
 import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 from quicksilver.families.base import QWEN_SPLIT_PATTERN
+from tests import replica_templates as templates
 
 FAMILIES = ("llada", "dream", "sdar", "llada2", "fast_dllm_v2")
 
