@@ -1,0 +1,144 @@
+"""Bench output: the printed table, the Markdown table for the README, the JSON file and the PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _f(x, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def model_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for r in results["models"]:
+        s = r["summary"]
+        rows.append([
+            r["label"], r["variant"], _f(s["tokens_per_second"]), _f(s["tokens_per_forward"], 2),
+            _f(None if s["ttft_s_mean"] is None else s["ttft_s_mean"] * 1e3),
+            _f(s["latency_s_mean"] * 1e3), f"{s['accuracy'] * 100:.1f}",
+        ])
+    return rows
+
+
+MODEL_HEADER = ["model", "variant", "useful tok/s", "tok/forward", "TTFT ms", "latency ms", "accuracy %"]
+
+
+def markdown(results: dict) -> str:
+    lines = ["| " + " | ".join(MODEL_HEADER) + " |", "|" + "---|" * len(MODEL_HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in model_rows(results)]
+    if results.get("sweep"):
+        lines += ["", "| decoding (diffusion) | tok/forward | useful tok/s | accuracy % |", "|---|---|---|---|"]
+        for r in results["sweep"]:
+            s = r["summary"]
+            lines.append(f"| {r['label']} | {s['tokens_per_forward']:.2f} | {s['tokens_per_second']:.1f} | "
+                         f"{s['accuracy'] * 100:.1f} |")
+    if results.get("concurrency"):
+        lines += ["", "| model | concurrent | aggregate tok/s | p50 latency ms | p99 latency ms |",
+                  "|---|---|---|---|---|"]
+        for model, levels in results["concurrency"].items():
+            for c in levels:
+                lines.append(f"| {model} | {c['concurrency']} | {c['aggregate_tokens_per_second']:.1f} | "
+                             f"{c['latency_s_p50'] * 1e3:.0f} | {c['latency_s_p99'] * 1e3:.0f} |")
+    if results.get("targets"):
+        lines += ["", "| target | measured | met |", "|---|---|---|"]
+        for t in results["targets"]:
+            lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def print_tables(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if results.get("forward"):
+        t = Table(title="Forward latency (one decode step, cached prefix)")
+        for h in ("model", "variant", "threads", "rows", "ms/forward", "rows/s"):
+            t.add_column(h)
+        for r in results["forward"]:
+            t.add_row(r["model"], r["variant"], str(r["threads"]), str(r["rows"]), f"{r['ms_per_forward']:.2f}",
+                      f"{r['rows_per_second']:.0f}")
+        console.print(t)
+    t = Table(title="Models (single stream, task-suite prompts)")
+    for h in MODEL_HEADER:
+        t.add_column(h)
+    for row in model_rows(results):
+        t.add_row(*row)
+    console.print(t)
+    if results.get("sweep"):
+        t = Table(title="Speed-accuracy sweep (diffusion model)")
+        for h in ("decoding", "tok/forward", "useful tok/s", "accuracy %"):
+            t.add_column(h)
+        for r in results["sweep"]:
+            s = r["summary"]
+            t.add_row(r["label"], f"{s['tokens_per_forward']:.2f}", f"{s['tokens_per_second']:.1f}",
+                      f"{s['accuracy'] * 100:.1f}")
+        console.print(t)
+    if results.get("concurrency"):
+        t = Table(title="Concurrency (engine, continuous batching)")
+        for h in ("model", "concurrent", "aggregate tok/s", "p50 ms", "p99 ms", "requests"):
+            t.add_column(h)
+        for model, levels in results["concurrency"].items():
+            for c in levels:
+                t.add_row(model, str(c["concurrency"]), f"{c['aggregate_tokens_per_second']:.1f}",
+                          f"{c['latency_s_p50'] * 1e3:.0f}", f"{c['latency_s_p99'] * 1e3:.0f}", str(c["requests"]))
+        console.print(t)
+    if results.get("structured"):
+        console.print("Structured output:", json.dumps(results["structured"], default=str)[:2000])
+    if results.get("targets"):
+        t = Table(title="Targets (ratios from this run)")
+        for h in ("target", "measured", "met"):
+            t.add_column(h)
+        for x in results["targets"]:
+            t.add_row(x["target"], x["measured"], "yes" if x["met"] else "NO")
+        console.print(t)
+
+
+def save_plots(results: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    if results.get("sweep"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        xs = [r["summary"]["tokens_per_second"] for r in results["sweep"]]
+        ys = [r["summary"]["accuracy"] * 100 for r in results["sweep"]]
+        ax.scatter(xs, ys, label="diffusion decoding configs")
+        for r, x, y in zip(results["sweep"], xs, ys, strict=True):
+            ax.annotate(r["label"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        for r in results["models"]:
+            if r["kind"] == "ar":
+                s = r["summary"]
+                ax.scatter([s["tokens_per_second"]], [s["accuracy"] * 100], marker="x", color="red",
+                           label=f"AR twin ({r['variant']})")
+        ax.set_xlabel("useful tokens/s (single stream)")
+        ax.set_ylabel("task accuracy %")
+        ax.set_title("Speed-accuracy frontier")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out_dir / "frontier.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    if results.get("concurrency"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for model, levels in results["concurrency"].items():
+            ax.plot([c["concurrency"] for c in levels], [c["aggregate_tokens_per_second"] for c in levels],
+                    marker="o", label=model)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("aggregate useful tokens/s")
+        ax.set_title("Throughput vs concurrency")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out_dir / "concurrency.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def save_json(results: dict, path: Path) -> None:
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")

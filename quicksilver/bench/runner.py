@@ -1,0 +1,228 @@
+"""``quicksilver bench``: everything measured in one process and one run, so ratios are fair.
+
+Sections: forward latency per model variant and thread count; the diffusion model against its
+autoregressive twin on held-out task prompts (same engine, same prompts); a policy/threshold/block-size
+sweep (speed-accuracy frontier); a concurrency sweep through the serving engine; pinned-vs-free JSON.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from quicksilver.bench import report
+from quicksilver.bench.concurrency import concurrency_sweep, with_model
+from quicksilver.bench.forward import best, forward_latency
+from quicksilver.bench.models import prepare, set_threads
+from quicksilver.bench.sweep import REFERENCE, sweep_grid
+from quicksilver.bench.workload import Config, run_interleaved, suite_prompts, summarise
+from quicksilver.checkpoint import LoadedModel
+from quicksilver.decoding import Decoder
+
+
+@dataclass
+class BenchOptions:
+    model: str | None = None  # diffusion model (None: the shipped default)
+    ar_model: str | None = "ar-twin"  # autoregressive twin ("" or None: skip)
+    tasks: list[str] | None = None  # default: every task in the suite
+    per_task: int = 4
+    variants: list[str] = field(default_factory=lambda: ["bf16", "int8"])  # extra rows; "auto" picks per model
+    threads: int | None = None  # None: the faster of 1 and 2 in the forward benchmark
+    sweep: bool = True
+    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
+    requests_per_level: int = 32
+    concurrency_ar: bool = True
+    structured: bool = True
+    forward_reps: int = 20
+    quick: bool = False
+    out_dir: Path = Path("benchmarks")
+
+
+def _log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _float_variant(fwd: list[dict], model: str) -> str:
+    """The faster of bf16 / fp32 for ``model`` in the forward benchmark (the fair baseline dtype)."""
+    rows = [r for r in fwd if r["model"] == model and r["variant"] in ("bf16", "fp32")]
+    return min(rows, key=lambda r: r["ms_per_forward"])["variant"] if rows else "bf16"
+
+
+def targets(results: dict) -> list[dict]:
+    """The issue's targets, as measured in this run (ratios within the run)."""
+    out: list[dict] = []
+    models = results["models"]
+    diff = next((m for m in models if m["kind"] == "diffusion" and m.get("headline")), None)
+    ar = next((m for m in models if m["kind"] == "ar" and m.get("headline")), None)
+    if diff:
+        tps = diff["summary"]["tokens_per_second"]
+        out.append({"target": "diffusion >= 1000 useful tok/s single stream", "measured": f"{tps:.0f} tok/s",
+                    "met": tps >= 1000})
+    if diff and ar:
+        ratio = diff["summary"]["tokens_per_second"] / max(ar["summary"]["tokens_per_second"], 1e-9)
+        acc_ok = diff["summary"]["accuracy"] >= ar["summary"]["accuracy"]
+        out.append({"target": ">= 5x AR twin at equal or better accuracy",
+                    "measured": f"{ratio:.2f}x, accuracy {diff['summary']['accuracy'] * 100:.1f}% vs "
+                                f"{ar['summary']['accuracy'] * 100:.1f}%",
+                    "met": ratio >= 5 and acc_ok})
+    sweep = results.get("sweep") or []
+    ref = next((r for r in sweep if r["label"] == REFERENCE), None)
+    if ref:
+        ok = [r for r in sweep if r["summary"]["accuracy"] >= ref["summary"]["accuracy"] - 0.01]
+        top = max(ok, key=lambda r: r["summary"]["tokens_per_forward"])
+        tpf = top["summary"]["tokens_per_forward"]
+        out.append({"target": ">= 6 tok/forward at <= 1 point accuracy loss vs 1 token/step",
+                    "measured": f"{tpf:.2f} ({top['label']}; reference {ref['summary']['accuracy'] * 100:.1f}%)",
+                    "met": tpf >= 6})
+    conc = (results.get("concurrency") or {}).get("diffusion") or []
+    one = next((c for c in conc if c["concurrency"] == 1), None)
+    top = max(conc, key=lambda c: c["concurrency"]) if conc else None
+    if one and top and top["concurrency"] > 1:
+        r = top["aggregate_tokens_per_second"] / max(one["aggregate_tokens_per_second"], 1e-9)
+        out.append({"target": f"{top['concurrency']} streams aggregate >= 4x single stream",
+                    "measured": f"{r:.2f}x", "met": r >= 4})
+    return out
+
+
+def _structured(loaded: LoadedModel) -> dict:
+    try:
+        from quicksilver.structured import compare_pinned_vs_free
+    except ImportError as exc:
+        return {"skipped": f"quicksilver.structured.compare_pinned_vs_free is not available ({exc})"}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+        "required": ["name", "age", "city"], "additionalProperties": False,
+    }
+    prompt = "Extract the person as JSON with keys name, age, city: Maria Lopez is 34 and lives in Madrid."
+    try:
+        result = compare_pinned_vs_free(loaded, schema, prompt)
+    except ImportError as exc:  # the structured package is still landing its pieces
+        return {"skipped": f"compare_pinned_vs_free is not usable yet ({exc})"}
+    return {"schema": schema, "prompt": prompt, "result": result}
+
+
+def run_bench(opts: BenchOptions) -> dict:
+    from quicksilver.loading import load_model
+    from quicksilver.tasks import TASKS
+
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    diff_loaded = load_model(opts.model)
+    ar_loaded = load_model(opts.ar_model) if opts.ar_model else None
+    bases = {"diffusion": diff_loaded.model}
+    if ar_loaded is not None:
+        bases["ar"] = ar_loaded.model
+    results: dict = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "torch": torch.__version__, "cpu_threads_available": torch.get_num_threads()},
+        "options": {k: str(v) for k, v in vars(opts).items()},
+        "models_loaded": {k: {"name": ld.name, "attention_mode": ld.model.config.attention_mode,
+                              "parameters": ld.model.num_parameters()}
+                          for k, ld in (("diffusion", diff_loaded), ("ar", ar_loaded)) if ld is not None},
+    }
+
+    # 1. forward latency: which dtype / thread count is fastest here, per model
+    variants = sorted({"bf16", "fp32", *[v for v in opts.variants if v != "auto"]})
+    threads = [opts.threads] if opts.threads else [1, 2]
+    _log(f"forward latency: variants {variants}, threads {threads}")
+    fwd = forward_latency(bases, variants, threads, reps=opts.forward_reps)
+    results["forward"] = fwd
+    chosen_threads = opts.threads or best(fwd, "diffusion")["threads"]
+    set_threads(chosen_threads)
+    results["threads"] = chosen_threads
+    _log(f"using {chosen_threads} thread(s)")
+
+    # 2. models on the task suite, interleaved prompt by prompt
+    tasks = opts.tasks or list(TASKS)
+    prompts = suite_prompts(diff_loaded.tokenizer, tasks, opts.per_task)
+    ar_prompts = suite_prompts(ar_loaded.tokenizer, tasks, opts.per_task) if ar_loaded else []
+    configs: list[tuple[str, str, str, LoadedModel, Config]] = []
+    decoders: dict[tuple[str, str], Decoder] = {}
+    for kind, ld in (("diffusion", diff_loaded), ("ar", ar_loaded)):
+        if ld is None:
+            continue
+        head = _float_variant(fwd, kind)
+        for v in dict.fromkeys([head, *[x for x in opts.variants if x != "auto"]]):
+            dec = Decoder(prepare(ld.model, v), ld.tokenizer, ld.defaults)
+            decoders[(kind, v)] = dec
+            configs.append((kind, v, ld.name, ld, Config(f"{ld.name} [{v}]", dec, ld.defaults,
+                                                         {"headline": v == head})))
+    _log(f"models: {len(prompts)} prompts x {[c[4].label for c in configs]}")
+    diff_cfgs = [c[4] for c in configs if c[0] == "diffusion"]
+    ar_cfgs = [c[4] for c in configs if c[0] == "ar"]
+    # the two models tokenise the prompts with their own tokenizers; pair prompt i with prompt i
+    if ar_cfgs:
+        recs = _interleave_pairs(diff_cfgs, prompts, ar_cfgs, ar_prompts)
+    else:
+        recs = run_interleaved(diff_cfgs, prompts)
+    results["models"] = [
+        {"label": cfg.label, "kind": kind, "variant": v, "model": name, "headline": cfg.meta["headline"],
+         "params": {k: val for k, val in vars(cfg.params).items() if k != "extra"},
+         "summary": summarise(recs[cfg.label])}
+        for kind, v, name, _ld, cfg in configs
+    ]
+
+    # 3. sweep over policies / thresholds / block sizes on the diffusion model (headline variant)
+    head_v = _float_variant(fwd, "diffusion")
+    if opts.sweep:
+        grid = sweep_grid(diff_loaded.defaults, diff_loaded.model.config.block_size, opts.quick)
+        dec = decoders[("diffusion", head_v)]
+        sweep_cfgs = [Config(label, dec, params) for label, params in grid]
+        _log(f"sweep: {len(grid)} configs x {len(prompts)} prompts")
+        srecs = run_interleaved(sweep_cfgs, prompts, warmup=0)
+        results["sweep"] = [
+            {"label": c.label, "params": {k: v for k, v in vars(c.params).items() if k != "extra"},
+             "summary": summarise(srecs[c.label])}
+            for c in sweep_cfgs
+        ]
+
+    # 4. concurrency through the engine
+    if opts.concurrency:
+        results["concurrency"] = {}
+        runs = [("diffusion", diff_loaded, prompts)]
+        if ar_loaded is not None and opts.concurrency_ar:
+            runs.append(("ar", ar_loaded, ar_prompts))
+        for kind, ld, ps in runs:
+            v = _float_variant(fwd, kind)
+            _log(f"concurrency {opts.concurrency} for {kind} [{v}]")
+            results["concurrency"][kind] = concurrency_sweep(
+                with_model(ld, decoders[(kind, v)].model), ld.defaults, ps, opts.concurrency,
+                opts.requests_per_level)
+
+    # 5. structured output: pinned skeleton vs free generation
+    if opts.structured:
+        _log("structured output")
+        try:
+            results["structured"] = _structured(with_model(diff_loaded, decoders[("diffusion", head_v)].model))
+        except (ValueError, LookupError, RuntimeError) as exc:  # a model too small for the schema, etc.
+            results["structured"] = {"error": str(exc)}
+
+    results["targets"] = targets(results)
+    results["seconds"] = round(time.perf_counter() - t_start, 1)
+    report.save_json(results, opts.out_dir / "latest.json")
+    (opts.out_dir / "latest.md").write_text(report.markdown(results))
+    results["plots"] = [str(p) for p in report.save_plots(results, opts.out_dir)]
+    report.save_json(results, opts.out_dir / "latest.json")
+    return results
+
+
+def _interleave_pairs(diff_cfgs, prompts, ar_cfgs, ar_prompts) -> dict:
+    """Like run_interleaved, but each model family decodes its own tokenisation of the same example."""
+    from quicksilver.bench.workload import run_one
+
+    for cfg in diff_cfgs:
+        run_one(cfg, prompts[0])
+    for cfg in ar_cfgs:
+        run_one(cfg, ar_prompts[0])
+    out = {c.label: [] for c in [*diff_cfgs, *ar_cfgs]}
+    for i, (p, q) in enumerate(zip(prompts, ar_prompts, strict=True)):
+        jobs = [(c, p) for c in diff_cfgs] + [(c, q) for c in ar_cfgs]
+        for cfg, prompt in (jobs if i % 2 == 0 else reversed(jobs)):
+            out[cfg.label].append(run_one(cfg, prompt))
+    return out

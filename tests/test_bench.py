@@ -1,0 +1,87 @@
+"""quicksilver bench: end to end on tiny random models (--quick), plus the pieces its numbers rest on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quicksilver.bench.runner import targets
+from quicksilver.bench.workload import Record, percentile, summarise
+from quicksilver.cli import main
+from quicksilver.testing import save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return save_tiny_model(root / "bc", "block_causal"), save_tiny_model(root / "ar", "causal")
+
+
+def test_bench_quick_runs_end_to_end_and_writes_json_and_plots(tiny_models, tmp_path, capsys):
+    bc, ar = tiny_models
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(bc), "--ar-model", str(ar), "--quick", "--tasks", "arithmetic",
+               "--variants", "bf16", "--threads", "1", "--concurrency", "1,2", "--requests-per-level", "2",
+               "--no-structured", "--out-dir", str(out)])
+    assert rc == 0
+    data = json.loads((out / "latest.json").read_text())
+    kinds = {m["kind"] for m in data["models"]}
+    assert kinds == {"diffusion", "ar"}
+    for m in data["models"]:
+        s = m["summary"]
+        assert s["requests"] == 1
+        assert s["forwards"] > 0 and 0 <= s["useful_tokens"] <= 48  # never more than the arithmetic budget
+        assert s["tokens_per_forward"] == pytest.approx(s["useful_tokens"] / s["forwards"])
+    ar_rows = [m for m in data["models"] if m["kind"] == "ar"]
+    assert all(m["summary"]["tokens_per_forward"] <= 1.0 for m in ar_rows)  # AR: one token per forward at most
+    assert [c["concurrency"] for c in data["concurrency"]["diffusion"]] == [1, 2]
+    assert all(c["requests"] >= 2 for c in data["concurrency"]["diffusion"])
+    assert data["sweep"][0]["label"] == "1 token/step"
+    assert data["sweep"][0]["summary"]["tokens_per_forward"] <= 1.0
+    for name in ("frontier.png", "concurrency.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| model |" in (out / "latest.md").read_text()
+    assert "Targets" in capsys.readouterr().out
+
+
+def test_bench_bad_flags_are_one_line_errors(capsys):
+    assert main(["bench", "--variants", "fp8", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown variant" in err and "Traceback" not in err
+    assert main(["bench", "--tasks", "nonsense", "--quick"]) == 2
+    assert "unknown task" in capsys.readouterr().err
+
+
+def _rec(tokens, forwards, latency, correct=True, ttft=0.1, task="t"):
+    return Record(task, correct, tokens, forwards, latency, ttft)
+
+
+def test_summary_counts_useful_tokens_over_total_latency():
+    s = summarise([_rec(10, 2, 0.5), _rec(30, 3, 1.5, correct=False, ttft=None)])
+    assert s["tokens_per_second"] == pytest.approx(40 / 2.0)
+    assert s["tokens_per_forward"] == pytest.approx(40 / 5)
+    assert s["accuracy"] == 0.5
+    assert s["ttft_s_mean"] == pytest.approx(0.1)  # requests without a first token do not count
+    assert percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 99) == 4
+
+
+def _sweep_row(label, tpf, acc):
+    return {"label": label, "summary": {"tokens_per_forward": tpf, "accuracy": acc}}
+
+
+def test_targets_pick_the_fastest_config_within_one_point_and_compare_same_run_ratios():
+    results = {
+        "models": [
+            {"kind": "diffusion", "headline": True, "summary": {"tokens_per_second": 1200.0, "accuracy": 0.50}},
+            {"kind": "ar", "headline": True, "summary": {"tokens_per_second": 200.0, "accuracy": 0.52}},
+        ],
+        "sweep": [_sweep_row("1 token/step", 1.0, 0.60), _sweep_row("a", 7.0, 0.55), _sweep_row("b", 5.0, 0.595)],
+        "concurrency": {"diffusion": [{"concurrency": 1, "aggregate_tokens_per_second": 100.0},
+                                      {"concurrency": 32, "aggregate_tokens_per_second": 450.0}]},
+    }
+    t = {x["target"].split()[0] + x["target"].split()[1]: x for x in targets(results)}
+    assert t["diffusion>="]["met"]
+    assert not t[">=5x"]["met"]  # 6x faster, but less accurate than the AR twin
+    assert not t[">=6"]["met"] and "b" in t[">=6"]["measured"]  # "a" loses 5 points, so "b" (5.0) is the best
+    assert t["32streams"]["met"]
