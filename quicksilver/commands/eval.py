@@ -1,0 +1,76 @@
+"""``quicksilver eval``: held-out task-suite accuracy, tokens per forward and tokens/s for a model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from quicksilver.sampling import POLICIES
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate a model on the held-out verifiable task suite")
+    p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
+    p.add_argument("--tasks", help="comma-separated task names (default: all)")
+    p.add_argument("--n", type=int, default=50, help="examples per task (default 50)")
+    p.add_argument("--json", dest="json_out", help="write the full results to this JSON file")
+    p.add_argument("--batch-size", type=int, default=8, help="requests decoded together (default 8)")
+    p.add_argument("--seed", type=int, help="eval seed (default: the fixed suite seed; change it only to explore)")
+    p.add_argument("--policy", choices=POLICIES, help="override the model's unmasking policy")
+    p.add_argument("--threshold", type=float, help="override the confidence threshold")
+    p.add_argument("--block-size", type=int, help="override the decode block size")
+    p.add_argument("--max-tokens", type=int, help="one answer budget for every task (default: per-task budgets)")
+    p.add_argument("--outputs", action="store_true", help="keep every model output in the JSON")
+    p.add_argument("--list", action="store_true", help="list the tasks and exit")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from quicksilver.tasks import TASKS
+
+    console = Console()
+    if args.list:
+        for name, task in TASKS.items():
+            console.print(f"{name:12s} {task.description}")
+        return 0
+    from quicksilver.evaluate import EVAL_SEED, evaluate
+    from quicksilver.loading import load_model
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    for name in tasks or ():
+        if name not in TASKS:
+            raise LookupError(f"unknown task {name!r} (known: {', '.join(TASKS)})")
+    loaded = load_model(args.model)
+    changes = {k: v for k, v in (("policy", args.policy), ("threshold", args.threshold),
+                                 ("block_size", args.block_size)) if v is not None}
+    params = loaded.defaults.replace(**changes)
+    console.print(f"[bold]{loaded.name or loaded.path}[/bold]: {args.n} held-out examples per task", style="dim")
+
+    def progress(name: str, m: dict) -> None:
+        console.print(f"  {name:12s} {m['accuracy']:6.1%}  ({m['tokens_per_forward']:.2f} tok/fwd)", style="dim")
+
+    report = evaluate(loaded, tasks, n=args.n, params=params, batch_size=args.batch_size,
+                      seed=EVAL_SEED if args.seed is None else args.seed, max_tokens=args.max_tokens,
+                      keep_outputs=args.outputs, on_task=progress)
+    table = Table(title=f"quicksilver eval - {report['model']}")
+    for col in ("task", "accuracy", "correct", "tokens/forward", "tokens/s"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for name, m in report["tasks"].items():
+        table.add_row(name, f"{m['accuracy']:.1%}", f"{m['correct']}/{m['count']}", f"{m['tokens_per_forward']:.2f}",
+                      f"{m['tokens_per_second']:.1f}")
+    o = report["overall"]
+    table.add_row("[bold]overall[/bold]", f"[bold]{o['accuracy']:.1%}[/bold]", f"{o['correct']}/{o['count']}",
+                  f"{o['tokens_per_forward']:.2f}", f"{o['tokens_per_second']:.1f}")
+    console.print(table)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+        print(f"wrote {args.json_out}", file=sys.stderr)
+    return 0
+

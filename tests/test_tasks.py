@@ -1,0 +1,140 @@
+"""Every task verifier accepts the reference answer and rejects corrupted ones; splits hold out phrasings."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from quicksilver.tasks import TASKS, Example, render
+from quicksilver.tasks.base import SYSTEM_PROMPTS, split_items
+from quicksilver.tasks.code_synthesis import run_tests
+from quicksilver.tasks.planning import countdown_valid, sudoku_valid
+from quicksilver.testing import tiny_tokenizer
+from quicksilver.tokenizer import EOS, RAINBOW_PADS, TOOL_CALLS
+
+N = 12  # examples per task and split (code tasks run a subprocess per check)
+
+
+def _examples(name: str, split: str, n: int = N) -> list[Example]:
+    return [TASKS[name].generate(random.Random(f"test:{name}:{split}:{i}"), split) for i in range(n)]
+
+
+def _reference(ex: Example) -> str:
+    """The reference answer as the model would emit it (specials kept, EOS then rainbow padding)."""
+    return render(ex, tiny_tokenizer())[1] + "".join(RAINBOW_PADS[:3])
+
+
+def _bump_last_int(text: str) -> str:
+    nums = list(re.finditer(r"-?\d+", text))
+    m = nums[-1]
+    return text[: m.start()] + str(int(m.group()) + 1) + text[m.end():]
+
+
+def _content(ex: Example) -> str:
+    return ex.target if isinstance(ex.target, str) else ex.target["content"]
+
+
+def _corruptions(ex: Example) -> list[str]:
+    """Wrong answers for ``ex``: each must be rejected."""
+    task, ans = ex.task, ex.answer
+    if task in ("arithmetic", "word_problem"):
+        return [_bump_last_int(_content(ex)), "I am not sure.", ""]
+    if task == "countdown":
+        eqs = _content(ex)
+        return [_bump_last_int(eqs), eqs.split(",")[0], f"{ans['target']}+0={ans['target']}"]
+    if task == "sudoku":
+        rows = _content(ex).split("\n")
+        swapped = [rows[0][1] + rows[0][0] + rows[0][2:], *rows[1:]]  # row stays a permutation, columns break
+        return ["\n".join(swapped), "\n".join(rows[:3]), "1234\n1234\n1234\n1234"]
+    if task == "json":
+        value = dict(ans["value"])
+        key = next(iter(value))
+        wrong = {**value, key: value[key] + 1 if isinstance(value[key], int | float) and not isinstance(
+            value[key], bool) else (not value[key] if isinstance(value[key], bool) else value[key] + "x")}
+        missing = dict(list(value.items())[1:])
+        extra = {**value, "note": "extra"}
+        return [json.dumps(wrong), json.dumps(missing), json.dumps(extra), json.dumps(value)[:-1]]
+    if task == "tool_call":
+        if isinstance(ans, dict):  # no tool fits
+            n = ans["no_call"]
+            return [f"{n + 1}", f'{TOOL_CALLS}[{{"name": "get_time", "arguments": {{"city": "Oslo"}}}}] {n}']
+        call = ans[0]
+        args = dict(call["arguments"])
+        key = next(iter(args))
+        args[key] = args[key] + 1 if isinstance(args[key], int | float) else args[key] + "x"
+        return [
+            TOOL_CALLS + json.dumps([{"name": call["name"], "arguments": args}]),
+            TOOL_CALLS + json.dumps([{"name": call["name"] + "_v2", "arguments": call["arguments"]}]),
+            json.dumps([call]),  # no marker
+            TOOL_CALLS + json.dumps([call, call]),
+            TOOL_CALLS + json.dumps([call])[:-2],
+        ]
+    if task == "tool_answer":
+        return ["Sorry, I could not get that.", TOOL_CALLS + "[]"]
+    if task == "retrieval":
+        if ans is None:
+            return ["Esk.", "1200"]
+        return ["The passages do not say.", "I think it is Zzyzx."]
+    if task == "code":
+        name = re.search(r"def (\w+)\(([^)]*)\)", _content(ex))
+        return [f"def {name.group(1)}({name.group(2)}):\n    return None", "print('hi')", "def f(:"]
+    if task == "infill":
+        return ["    pass", "    return 12345"]
+    raise AssertionError(f"no corruptions for {task}")
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_verifier_accepts_reference_and_rejects_corruptions(name):
+    task = TASKS[name]
+    n = 6 if name in ("code", "infill") else N  # these start an interpreter per check
+    for split in ("train", "eval"):
+        for ex in _examples(name, split, n):
+            assert ex.task == name
+            assert task.verify(ex, _reference(ex)), f"{name}: reference rejected: {_reference(ex)!r}"
+            for bad in _corruptions(ex):
+                assert not task.verify(ex, bad + EOS), f"{name}: wrong answer accepted: {bad!r}"
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_generation_is_deterministic(name):
+    a = TASKS[name].generate(random.Random("same"), "eval")
+    b = TASKS[name].generate(random.Random("same"), "eval")
+    tok = tiny_tokenizer()
+    assert render(a, tok) == render(b, tok)
+
+
+def test_eval_split_uses_held_out_phrasings():
+    train, held = split_items(SYSTEM_PROMPTS, "train"), split_items(SYSTEM_PROMPTS, "eval")
+    assert held and train and not set(train) & set(held)
+    assert set(train) | set(held) == set(SYSTEM_PROMPTS)
+    # the user turns of eval examples never equal those of train examples with the same values
+    for name in ("tool_call", "json", "arithmetic", "sudoku", "retrieval"):
+        train_sys = {m["content"] for ex in _examples(name, "train", 60) for m in ex.messages if m["role"] == "system"}
+        eval_sys = {m["content"] for ex in _examples(name, "eval", 60) for m in ex.messages if m["role"] == "system"}
+        assert not (train_sys & eval_sys) - {None}, f"{name}: system prompts leak between splits"
+    with pytest.raises(ValueError):
+        TASKS["json"].generate(random.Random(0), "test")
+
+
+def test_countdown_checker_rules():
+    assert countdown_valid([15, 44, 79], 50, "44-15=29,79-29=50")
+    assert countdown_valid([15, 44, 79], 50, "79-29=50, 44-15=29".replace("79-29=50, ", "") + ",79-29=50")
+    assert not countdown_valid([15, 44, 79], 50, "44-15=29,79-29=50,50*1=50")  # extra number
+    assert not countdown_valid([15, 44, 79], 50, "79-29=50,44-15=29")  # 29 used before it exists
+    assert not countdown_valid([4, 3, 2], 6, "4/3=1,1*6=6")  # inexact division
+    assert not countdown_valid([6, 6, 2], 6, "6/6=1,1*6=6")  # third 6 does not exist
+
+
+def test_sudoku_checker_accepts_any_valid_solution():
+    solution = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 1]]
+    assert sudoku_valid([[0] * 4 for _ in range(4)], solution)
+    assert not sudoku_valid([[2, 0, 0, 0]] + [[0] * 4 for _ in range(3)], solution)  # contradicts a given
+
+
+def test_code_runner_times_out_and_isolates():
+    assert run_tests("def f():\n    return 1", ["assert f() == 1"])
+    assert not run_tests("def f():\n    while True: pass", ["f()"], timeout=0.5)
+    assert not run_tests("import sys; sys.exit(3)", [])
