@@ -1,0 +1,65 @@
+"""Run the example agent tasks against a server and report success rate and latency per step.
+
+    python examples/run_agent_tasks.py [--model FOLDER] [--base-url URL]
+
+Without --base-url the Quicksilver server is started in-process. The search tasks use an index built from
+tests/data/docs/corpus (created in a temporary folder). A task succeeds when the final answer contains `expect`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from openai import OpenAI
+
+from quicksilver.agent import build_tools, format_step, run_agent
+from quicksilver.rag import Index
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE.parent / "tests" / "data" / "docs" / "corpus"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", help="model folder (in-process) or model id (with --base-url)")
+    ap.add_argument("--base-url")
+    ap.add_argument("--max-steps", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=192)
+    args = ap.parse_args()
+    tasks = json.loads((HERE / "agent_tasks.json").read_text())
+    index_path = Path(tempfile.mkdtemp()) / "docs.sqlite"
+    with Index(index_path) as index:
+        index.add_paths([CORPUS])
+    with contextlib.ExitStack() as stack:
+        if args.base_url:
+            url = args.base_url
+        else:
+            from quicksilver.agent.local_server import serve_in_thread
+            from quicksilver.api.server import create_app
+            from quicksilver.loading import load_model
+
+            url = stack.enter_context(serve_in_thread(create_app(load_model(args.model), index_path=str(index_path))))
+        client = OpenAI(base_url=url, api_key="local", max_retries=0, timeout=600)
+        model = args.model if args.base_url and args.model else client.models.list().data[0].id
+        outcomes, step_times = [], []
+        for t in tasks:
+            tools = build_tools(t["tools"], root=HERE / "agent_files", index_path=index_path)
+            result = run_agent(client, model, t["task"], tools, max_steps=args.max_steps, max_tokens=args.max_tokens)
+            for s in result.steps:
+                print(format_step(s))
+                step_times.append(s.seconds)
+            ok = result.answer is not None and t["expect"] in result.answer.replace(",", "")
+            outcomes.append(ok)
+            print(f"=> {'PASS' if ok else 'FAIL'} ({result.stopped_because}, {len(result.steps)} steps, "
+                  f"{result.total_seconds:.1f} s, forwards {result.forwards}): {t['task']}\n")
+    mean = statistics.mean(step_times) if step_times else 0.0
+    print(f"success {sum(outcomes)}/{len(outcomes)}; mean latency per step {mean:.2f} s over {len(step_times)} steps")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Agent tools (calculator, confined files, sandboxed Python) and full episodes through the stock OpenAI client:
+against a scripted OpenAI-compatible endpoint (exact mechanics) and against the real server with a tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI, Request
+from openai import OpenAI
+
+from quicksilver.agent import TOOL_NAMES, build_tools, format_step, run_agent
+from quicksilver.agent.local_server import serve_in_thread
+from quicksilver.agent.tools import ToolError, evaluate, file_tools, run_python
+from quicksilver.cli import main as cli
+
+
+# --------------------------------------------------------------------------------------------- tools
+@pytest.mark.parametrize("expr,value", [("17*23", 391), ("2^10", 1024), ("(1+2)*sqrt(16)", 12.0),
+                                        ("-3 % 5", 2), ("round(pi, 3)", 3.142), ("factorial(5)/4", 30.0)])
+def test_calculator_arithmetic(expr, value):
+    assert evaluate(expr) == value
+
+
+@pytest.mark.parametrize("expr", ["__import__('os').system('true')", "().__class__", "open('x')", "a + 1",
+                                  "9**9**9", "(10**100)**1000", "factorial(10**6)", "[1, 2]", "lambda: 1"])
+def test_calculator_refuses_anything_else(expr):
+    with pytest.raises(ToolError):
+        evaluate(expr)
+
+
+def test_calculator_tool_reports_errors_as_observations():
+    [calc] = build_tools(["calculator"])
+    assert calc('{"expression": "6*7"}') == "42"
+    assert calc('{"expression": "1/0"}').startswith("error: ")
+    assert calc("{not json").startswith("error: ")
+    assert calc('{"expression": 5}').startswith("error: ")
+
+
+def test_file_tools_stay_inside_the_folder(tmp_path):
+    root = tmp_path / "work"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "notes.txt").write_text("the code word is heron")
+    (tmp_path / "secret.txt").write_text("outside")
+    os.symlink(tmp_path / "secret.txt", root / "link.txt")
+    read, listing = file_tools(root)
+    assert read({"path": "sub/notes.txt"}) == "the code word is heron"
+    assert listing({"path": "."}).split() == ["link.txt", "sub/"]
+    for escape in ("../secret.txt", str(tmp_path / "secret.txt"), "link.txt", "sub/../../secret.txt"):
+        assert "outside the allowed folder" in read({"path": escape}), escape
+    assert read({"path": "missing.txt"}).startswith("error: ")
+
+
+def test_python_runs_isolated_without_network_and_with_timeout():
+    out = run_python("import sys\nprint(sum(range(10)), sys.flags.isolated)")
+    assert out.startswith("exit status 0") and "45 1" in out
+    blocked = run_python("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)")
+    assert "network access is disabled" in blocked and "exit status 1" in blocked
+    assert "timed out after 1 s" in run_python("while True:\n    pass", timeout=1)
+    failing = run_python("raise SystemExit(3)")
+    assert failing.startswith("exit status 3")
+
+
+def test_unknown_tools_and_missing_settings_are_user_errors():
+    with pytest.raises(ValueError, match="unknown tool"):
+        build_tools(["calculator", "rm_rf"])
+    with pytest.raises(ValueError, match="--index"):
+        build_tools(["search_documents"])
+    with pytest.raises(ValueError, match="--root"):
+        build_tools(["read_file"])
+
+
+# --------------------------------------------------------------------------------------------- scripted endpoint
+def scripted_app(calls: list[dict]) -> FastAPI:
+    """An OpenAI-compatible endpoint that first asks for the calculator, then answers with the observation."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": "scripted", "object": "model", "created": 0, "owned_by": "test"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        calls.append(body)
+        last = body["messages"][-1]
+        if last["role"] == "user":
+            message = {"role": "assistant", "content": "I will multiply.", "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "calculator", "arguments": json.dumps({"expression": "17*23"})}}]}
+            finish = "tool_calls"
+        else:
+            message = {"role": "assistant", "content": f"17*23 = {last['content']}"}
+            finish = "stop"
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                "diffusion_stats": [{"forwards": 5, "tokens": 9}]}
+
+    return app
+
+
+def test_episode_mechanics_against_scripted_endpoint():
+    calls: list[dict] = []
+    with serve_in_thread(scripted_app(calls)) as url:
+        client = OpenAI(base_url=url, api_key="x", max_retries=0)
+        result = run_agent(client, "scripted", "What is 17*23?", build_tools(["calculator"]), max_steps=4)
+    assert result.stopped_because == "answer" and result.answer == "17*23 = 391"
+    assert len(result.steps) == 2 and result.forwards == 10
+    assert result.steps[0].tool_calls[0].observation == "391"
+    second = calls[1]["messages"]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "tool"]
+    assert second[2]["tool_calls"][0]["function"]["name"] == "calculator"
+    assert second[3] == {"role": "tool", "tool_call_id": "call_1", "content": "391"}
+    assert calls[0]["tools"][0]["function"]["name"] == "calculator"
+    text = format_step(result.steps[0])
+    assert 'tool call: calculator({"expression": "17*23"})' in text and "observation: 391" in text
+
+
+def test_step_limit_stops_the_loop():
+    calls: list[dict] = []
+    with serve_in_thread(scripted_app(calls)) as url:
+        client = OpenAI(base_url=url, api_key="x", max_retries=0)
+        result = run_agent(client, "scripted", "task", build_tools(["calculator"]), max_steps=1)
+    assert result.stopped_because == "step_limit" and result.answer is None and len(calls) == 1
+
+
+# --------------------------------------------------------------------------------------------- live server
+@pytest.fixture(scope="module")
+def tiny_loaded(tmp_path_factory):
+    from quicksilver.loading import load_model
+    from quicksilver.testing import save_tiny_model
+
+    folder = tmp_path_factory.mktemp("agent") / "tiny"
+    save_tiny_model(folder)
+    return load_model(str(folder))
+
+
+def _server_parses_tool_calls() -> bool:
+    """Whether the server's tool-call parsing and the constraint layer are wired together in this tree."""
+    try:
+        from quicksilver.structured import tools as structured_tools
+    except ImportError:
+        return False
+    import inspect
+
+    return "text" not in inspect.signature(structured_tools.parse_tool_calls).parameters
+
+
+@pytest.mark.xfail(not _server_parses_tool_calls(), strict=False,
+                   reason="server.py passes token ids to structured.parse_tool_calls(text, ...) (both in progress)")
+def test_full_episode_against_live_server(tiny_loaded, tmp_path):
+    """A random tiny model cannot solve anything, but with tool_choice forcing a call the server's constraint
+    layer must give a valid call, the tool must run, and the next turn must accept the tool message."""
+    from quicksilver.api.server import create_app
+
+    with serve_in_thread(create_app(tiny_loaded)) as url:
+        client = OpenAI(base_url=url, api_key="x", max_retries=0)
+        model = client.models.list().data[0].id
+        forced = {"type": "function", "function": {"name": "calculator"}}
+        result = run_agent(client, model, "What is 17*23?", build_tools(["calculator"]), max_steps=2,
+                           first_tool_choice=forced, max_tokens=96, temperature=0.0)
+    first = result.steps[0]
+    assert len(first.tool_calls) >= 1 and first.tool_calls[0].name == "calculator"
+    assert isinstance(json.loads(first.tool_calls[0].arguments)["expression"], str)  # schema-valid arguments
+    assert first.tool_calls[0].observation  # the tool ran (a number or an "error: ..." the model can read)
+    assert len(result.steps) == 2  # the server accepted the assistant tool_calls + tool message turn
+    assert all(s.forwards is not None and s.forwards > 0 for s in result.steps)
+    assert result.total_seconds > 0
+
+
+def test_agent_cli_with_scripted_server(capsys):
+    with serve_in_thread(scripted_app([])) as url:
+        rc = cli(["agent", "What is 17*23?", "--base-url", url, "--tools", "calculator", "--max-steps", "3"])
+    out = capsys.readouterr()
+    assert rc == 0
+    assert "tool call: calculator" in out.out and "final answer: 17*23 = 391" in out.out
+    assert "2 steps" in out.err and "10 forwards" in out.err
+
+
+def test_agent_cli_user_errors(capsys, tmp_path):
+    assert cli(["agent", "x", "--tools", "nope", "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    assert cli(["agent", "x", "--tools", "read_file", "--root", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown tool" in err and "not a folder" in err and "Traceback" not in err
+
+
+def test_example_tasks_name_real_tools():
+    examples = Path(__file__).parents[1] / "examples"
+    tasks = json.loads((examples / "agent_tasks.json").read_text())
+    assert len(tasks) >= 3
+    for t in tasks:
+        assert isinstance(t["task"], str) and isinstance(t["expect"], str)
+        assert set(t["tools"]) <= set(TOOL_NAMES)
+    assert (examples / "agent_files" / "stock_note.txt").is_file()
