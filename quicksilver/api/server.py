@@ -103,6 +103,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     kind = first.get("type", "")
     if kind == "json_invalid":
         return "the request body is not valid JSON", None
+    if param is None and kind in ("model_attributes_type", "dict_type", "model_type"):
+        return "the request body must be a JSON object", None
     if kind == "extra_forbidden":
         return f"unknown field {param!r}", param
     if kind == "missing":

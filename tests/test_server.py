@@ -1,0 +1,533 @@
+"""The OpenAI-compatible server, driven live (uvicorn in a thread) with the official ``openai`` client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from quicksilver.api.server import create_app
+from quicksilver.decoding import Decoder
+from quicksilver.loading import load_model
+from quicksilver.sampling import SamplingParams
+from quicksilver.testing import save_tiny_model
+from quicksilver.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
+
+KEY = "test-key"
+MODEL = "tiny"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live(app):
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started:
+        assert time.time() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    # a bidirectional tiny model whose greedy output is varied text ("9 + +9 +999 ...")
+    return save_tiny_model(tmp_path_factory.mktemp("srv") / "tiny", "bidirectional", seed=1)
+
+
+@pytest.fixture(scope="module")
+def served(model_dir):
+    app = create_app(load_model(str(model_dir)), api_key=KEY, served_model_name=MODEL, max_batch=8)
+    with live(app) as url:
+        yield url, app
+
+
+@pytest.fixture()
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served[0] + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def engine_of(app):
+    return app.state.qs.engine
+
+
+def collect_stream(stream) -> tuple[dict[int, str], dict[int, list], list, object]:
+    """(text per choice, finish reasons per choice, role deltas, usage) from a chat stream."""
+    texts: dict[int, str] = {}
+    finishes: dict[int, list] = {}
+    roles, usage = [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.role:
+                roles.append((c.index, c.delta.role, c.index in texts))
+            texts.setdefault(c.index, "")
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason is not None:
+                finishes.setdefault(c.index, []).append(c.finish_reason)
+    return texts, finishes, roles, usage
+
+
+# -- basics -------------------------------------------------------------------------------------------------
+def test_models_health_and_metrics(served, client):
+    url, _ = served
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+    client.chat.completions.create(model=MODEL, messages=HI, max_tokens=4)
+    text = httpx.get(url + "/metrics").text
+    for name in ("quicksilver_requests_total", "quicksilver_queue_depth", "quicksilver_tokens_per_second",
+                 "quicksilver_request_tokens_per_forward_bucket", "quicksilver_request_latency_seconds_bucket",
+                 "quicksilver_generated_tokens_total", "quicksilver_http_requests_total"):
+        assert name in text
+    assert 'quicksilver_requests_total{outcome="finished"}' in text
+
+
+def test_chat_response_shape_and_usage(client, model_dir):
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"},
+                               {"role": "assistant", "content": "hi!"}, {"role": "user", "content": "more"}],
+        max_completion_tokens=12, temperature=0,
+    )
+    assert r.object == "chat.completion" and r.model == MODEL and r.id.startswith("chatcmpl-")
+    msg = r.choices[0].message
+    assert msg.role == "assistant" and isinstance(msg.content, str) and msg.tool_calls is None
+    assert r.choices[0].finish_reason in ("stop", "length")
+    u = r.usage
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens and 0 < u.completion_tokens <= 12
+    assert u.prompt_tokens_details.cached_tokens == 0 and u.completion_tokens_details.reasoning_tokens == 0
+    # the same answer as decoding the chat template directly (temperature 0)
+    lm = load_model(str(model_dir))
+    prompt = lm.tokenizer.apply_chat_template(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"},
+         {"role": "assistant", "content": "hi!"}, {"role": "user", "content": "more"}])
+    assert u.prompt_tokens == len(lm.tokenizer.encode(prompt))
+    with sdpa_kernel([SDPBackend.MATH]):  # the engine's batch-invariant attention kernel
+        direct = Decoder(lm.model, lm.tokenizer, lm.defaults).generate(prompt, lm.defaults.replace(max_tokens=12))
+    assert msg.content == direct.text
+
+
+@pytest.mark.parametrize("prompt", ["hi", "def add(a, b):", "The quick brown fox"])
+def test_stream_equals_non_stream_at_temperature_zero(client, prompt):
+    messages = [{"role": "user", "content": prompt}]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    texts, finishes, roles, usage = collect_stream(stream)
+    assert texts == {0: plain.choices[0].message.content}
+    assert finishes == {0: [plain.choices[0].finish_reason]}  # exactly one finish_reason
+    assert roles == [(0, "assistant", False)]  # the first delta carries the role
+    assert usage.completion_tokens == plain.usage.completion_tokens
+    assert usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_raw_sse_framing(served):
+    url, _ = served
+    body = {"model": MODEL, "messages": HI, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 0
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+def test_n_choices_streamed_and_not(client):
+    r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=10, temperature=0.9, seed=5, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == sum(len(c.message.content) > 0 for c in r.choices) * 0 + sum(
+        s["tokens"] for s in r.model_extra["diffusion_stats"])
+    stream = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=10, temperature=0.9, seed=5, n=3,
+                                            stream=True)
+    texts, finishes, roles, _ = collect_stream(stream)
+    assert texts == {c.index: c.message.content for c in r.choices}  # same seeds -> same choices
+    assert all(len(v) == 1 for v in finishes.values()) and len(finishes) == 3
+    assert sorted(i for i, _, _ in roles) == [0, 1, 2]
+
+
+def test_seed_reproducibility(client):
+    def sample(seed):
+        return client.chat.completions.create(model=MODEL, messages=HI, max_tokens=16, temperature=1.0,
+                                              seed=seed).choices[0].message.content
+    a, b, c = sample(1234), sample(1234), sample(99)
+    assert a == b
+    assert a != c
+
+
+def test_stop_strings_streamed_and_not(client):
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    base = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=0)
+    text = base.choices[0].message.content
+    stop = text[7:10]
+    assert text.find(stop) > 3
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=0, stop=[stop])
+    assert r.choices[0].message.content == text[: text.find(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    texts, finishes, _, _ = collect_stream(client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=30, temperature=0, stop=stop, stream=True))
+    assert texts[0] == r.choices[0].message.content and finishes[0] == ["stop"]
+
+
+def test_reasoning_effort_changes_steps(client):
+    def stats(effort):
+        r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=16, reasoning_effort=effort)
+        return r.model_extra["diffusion_stats"][0]
+    high = stats("high")
+    assert high["forwards"] == high["tokens"]  # one token per denoising step
+    with pytest.raises(openai.BadRequestError):
+        stats("extreme")
+
+
+def test_diffusing_streams_canvas_snapshots(client):
+    plain = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=16, temperature=0,
+                                           reasoning_effort="high")
+    stream = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=16, temperature=0,
+                                            reasoning_effort="high", stream=True, extra_body={"diffusing": True})
+    snapshots = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(snapshots) >= 8
+    assert "\u2591" in snapshots[0]  # masks still showing early on
+    assert snapshots[-1] == plain.choices[0].message.content
+
+
+# -- completions and fill-in-the-middle -------------------------------------------------------------------
+def test_completions_and_fim(client, model_dir):
+    lm = load_model(str(model_dir))
+    tok = lm.tokenizer
+    dec = Decoder(lm.model, tok, lm.defaults)
+    params = lm.defaults.replace(max_tokens=12, temperature=0.0)
+    math_kernel = sdpa_kernel([SDPBackend.MATH])  # the engine's batch-invariant attention kernel
+    math_kernel.__enter__()
+    r = client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=12, temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].text == dec.generate("def add(a, b):", params).text
+    fim_ids = ([tok.token_id(FIM_PREFIX)] + tok.encode("def add(a, b):\n") + [tok.token_id(FIM_SUFFIX)]
+               + tok.encode("\nprint(add(1, 2))") + [tok.token_id(FIM_MIDDLE)])
+    r = client.completions.create(model=MODEL, prompt="def add(a, b):\n", suffix="\nprint(add(1, 2))",
+                                  max_tokens=12, temperature=0)
+    assert r.usage.prompt_tokens == len(fim_ids)
+    assert r.choices[0].text == dec.generate(fim_ids, params).text
+    math_kernel.__exit__(None, None, None)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="def add(a, b):\n", suffix="\nprint(add(1, 2))", max_tokens=12, temperature=0,
+        stream=True))
+    assert streamed == r.choices[0].text
+    echo = client.completions.create(model=MODEL, prompt=["ab", "cd"], max_tokens=4, echo=True)
+    assert [c.text[:2] for c in echo.choices] == ["ab", "cd"]
+
+
+# -- errors -------------------------------------------------------------------------------------------------
+def envelope(resp: httpx.Response) -> dict:
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert "pydantic" not in body["error"]["message"] and "\n" not in body["error"]["message"]
+    return body["error"]
+
+
+def test_error_paths(served, client):
+    url, _ = served
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+    r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": HI})
+    assert r.status_code == 401 and envelope(r)["code"] == "invalid_api_key"
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.chat.completions.create(model="gpt-4o", messages=HI)
+    assert exc.value.code == "model_not_found"
+    cases = [
+        ({"messages": HI, "temperature": 5}, "temperature"),
+        ({"messages": HI, "bogus_field": 1}, "bogus_field"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"messages": HI, "max_tokens": 10**6}, "max_tokens"),
+        ({"messages": HI, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"messages": HI, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"messages": HI, "logprobs": True}, "logprobs"),
+        ({"messages": HI, "tool_choice": "required"}, "tool_choice"),
+        ({"messages": HI, "retrieval": {"k": 3}}, "retrieval"),
+        ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "no-such-type"}}}}, "response_format.json_schema.schema"),
+    ]
+    for extra, param in cases:
+        r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, **extra}, headers=auth)
+        assert r.status_code == 400, (extra, r.text)
+        assert envelope(r)["param"] == param, (extra, r.text)
+    r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": HI, "max_tokens": 10**6},
+                   headers=auth)
+    assert envelope(r)["code"] == "context_length_exceeded"
+    r = httpx.post(url + "/v1/chat/completions", content=b"{not json",
+                   headers={**auth, "Content-Type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in envelope(r)["message"]
+    r = httpx.post(url + "/v1/chat/completions", content=b"[1, 2]", headers=auth)
+    assert r.status_code == 400 and "JSON object" in envelope(r)["message"]
+    r = httpx.get(url + "/v1/nothing-here", headers=auth)
+    assert r.status_code == 404 and envelope(r)
+    # documented OpenAI fields that stock clients send are accepted
+    ok = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, user="u1", logprobs=False,
+                                        parallel_tool_calls=True, metadata={"a": "b"}, presence_penalty=0,
+                                        tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="none")
+    assert ok.choices[0].message.tool_calls is None
+
+
+def test_overload_returns_429(model_dir):
+    app = create_app(load_model(str(model_dir)), served_model_name=MODEL, max_batch=1, max_queue=0)
+    with live(app) as url:
+        engine = engine_of(app)
+        loop = engine._task.get_loop()
+
+        async def occupy():
+            ids = engine.tokenizer.encode("busy")
+            return engine.submit(ids, SamplingParams(max_tokens=500, ignore_eos=True, policy="low_confidence"))
+
+        handle = asyncio.run_coroutine_threadsafe(occupy(), loop).result(5)
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.RateLimitError):
+            c.chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
+        loop.call_soon_threadsafe(handle.cancel)
+        deadline = time.time() + 10
+        while engine.load and time.time() < deadline:
+            time.sleep(0.02)
+        assert c.chat.completions.create(model=MODEL, messages=HI, max_tokens=2).choices  # slot is free again
+
+
+def test_client_disconnect_mid_stream_frees_the_slot(served):
+    url, app = served
+    engine = engine_of(app)
+    cancelled = engine.metrics.requests.labels("cancelled")
+    before = cancelled._value.get()
+    body = {"model": MODEL, "messages": HI, "max_tokens": 300, "stream": True, "reasoning_effort": "high"}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(3)]  # the role chunk and a couple of deltas
+        assert engine.running  # still decoding when we hang up
+    deadline = time.time() + 10
+    while (engine.running or cancelled._value.get() == before) and time.time() < deadline:
+        time.sleep(0.02)
+    assert got[0].startswith("data: ")
+    assert cancelled._value.get() == before + 1 and not engine.running
+
+
+def test_batch_invariance_through_the_server(served, client):
+    prompts = ["hi", "def add(a, b):", "The quick brown fox", "0123456789", "yes no true", "lazy dog"]
+
+    def ask(p):
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
+                                              max_tokens=20, temperature=0).choices[0].message.content
+
+    alone = [ask(p) for p in prompts]
+    batch_hist = engine_of(served[1]).metrics.batch_size
+    single_before = batch_hist.collect()[0].samples
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(ask, prompts))
+    after = {s.labels.get("le"): s.value for s in batch_hist.collect()[0].samples if s.name.endswith("_bucket")}
+    before = {s.labels.get("le"): s.value for s in single_before if s.name.endswith("_bucket")}
+    multi = (after["+Inf"] - after["1.0"]) - (before["+Inf"] - before["1.0"])
+    assert multi > 0, "requests were never decoded in the same forward"
+    assert together == alone
+
+
+# -- tools and structured output (with a stand-in constraint layer) --------------------------------------
+class PinText:
+    """Pins ``text`` at the start of the answer and forces end-of-text right after it."""
+
+    def __init__(self, text, tokenizer):
+        from quicksilver.decoding import Constraint
+
+        ids = tokenizer.encode(text)
+        eos = tokenizer.eos_id
+
+        class _Pin(Constraint):
+            def pinned_tokens(self, state):
+                return {state.prompt_len + i: t for i, t in enumerate(ids)}
+
+            def mask_logits(self, state, positions, logits):
+                logits[:, :eos] = float("-inf")
+                logits[:, eos + 1 :] = float("-inf")
+                return logits
+
+        self.constraint = _Pin()
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+    "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
+
+
+@pytest.fixture()
+def fake_structured(monkeypatch):
+    """A stand-in for quicksilver.structured that pins a fixed output, so tool/JSON plumbing is tested
+    end to end whatever the constraint layer's state."""
+    import types
+
+    from quicksilver.api import server as server_module
+
+    outputs = {"tool": '<|tool_calls|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                       '{"name": "get_time", "arguments": {"tz": "CET"}}]',
+               "json": '{"city": "Paris", "n": 3}'}
+    fake = types.SimpleNamespace(
+        tool_call_constraint=lambda tools, choice, tok: PinText(outputs["tool"], tok).constraint,
+        json_schema_constraint=lambda schema, tok, strict=True: PinText(outputs["json"], tok).constraint,
+        json_object_constraint=lambda tok: PinText(outputs["json"], tok).constraint,
+    )
+    monkeypatch.setattr(server_module, "_structured", lambda: fake)
+    return outputs
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_tool_calls(client, fake_structured, stream, choice):
+    kwargs = dict(model=MODEL, messages=HI, max_tokens=100, tools=[WEATHER, TIME], tool_choice=choice)
+    if not stream:
+        r = client.chat.completions.create(**kwargs)
+        msg, finish = r.choices[0].message, r.choices[0].finish_reason
+        calls, content = msg.tool_calls, msg.content
+    else:
+        acc: dict[int, dict] = {}
+        finishes, content = [], ""
+        for chunk in client.chat.completions.create(**kwargs, stream=True):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                if c.finish_reason:
+                    finishes.append(c.finish_reason)
+                for tc in c.delta.tool_calls or []:
+                    slot = acc.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                    if tc.id:
+                        assert slot["id"] is None  # id only in the first fragment of a call
+                        slot["id"] = tc.id
+                    slot["name"] += tc.function.name or ""
+                    slot["arguments"] += tc.function.arguments or ""
+        assert len(finishes) == 1
+        finish = finishes[0]
+        calls = [openai.types.chat.ChatCompletionMessageToolCall(
+            id=v["id"], type="function", function={"name": v["name"], "arguments": v["arguments"]})
+            for _, v in sorted(acc.items())]
+    assert finish == "tool_calls" and not content
+    names = [c.function.name for c in calls]
+    assert names == (["get_weather"] if isinstance(choice, dict) else ["get_weather", "get_time"])
+    import jsonschema
+
+    schemas = {"get_weather": WEATHER, "get_time": TIME}
+    for c in calls:
+        assert c.id.startswith("call_") and c.type == "function"
+        jsonschema.validate(json.loads(c.function.arguments), schemas[c.function.name]["function"]["parameters"])
+
+
+def test_parallel_tool_calls_false_keeps_one(client, fake_structured):
+    r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=100, tools=[WEATHER, TIME],
+                                       tool_choice="required", parallel_tool_calls=False)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
+
+
+def test_invalid_forced_output_is_an_error_not_silent(client, fake_structured):
+    fake_structured["tool"] = '<|tool_calls|>[{"name": "get_weather", "arguments": {"city": 5}}]'
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(model=MODEL, messages=HI, max_tokens=100, tools=[WEATHER],
+                                       tool_choice="required")
+    fake_structured["json"] = '{"city": 1}'
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(model=MODEL, messages=HI, max_tokens=100, response_format={
+            "type": "json_schema", "json_schema": {"name": "c", "schema": schema, "strict": True}})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_output_validates(client, fake_structured, stream):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["city", "n"], "additionalProperties": False}
+    kwargs = dict(model=MODEL, messages=HI, max_tokens=100,
+                  response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema,
+                                                                          "strict": True}})
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kwargs, stream=True)
+                       if c.choices)
+    else:
+        text = client.chat.completions.create(**kwargs).choices[0].message.content
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_auto_tool_choice_returns_free_text_as_content(client, model_dir):
+    # a random model writes no valid call: its text comes back as content, never as a broken tool call
+    plain = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=12, temperature=0,
+                                           tools=[WEATHER], tool_choice="auto")
+    assert plain.choices[0].message.tool_calls is None
+    assert plain.choices[0].finish_reason in ("stop", "length")
+    texts, _, _, _ = collect_stream(client.chat.completions.create(
+        model=MODEL, messages=HI, max_tokens=12, temperature=0, tools=[WEATHER], stream=True))
+    assert texts[0] == plain.choices[0].message.content
+
+
+def test_tool_call_parsing_validates_against_schema():
+    from quicksilver.api.protocol import Tool, parse_tool_call_json
+
+    tools = [Tool.model_validate(WEATHER)]
+    assert parse_tool_call_json('[{"name": "get_weather", "arguments": {"city": "Oslo"}}]', tools) == [
+        {"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    assert parse_tool_call_json('{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}', tools)
+    for bad in ['[{"name": "get_weather", "arguments": {}}]', '[{"name": "nope", "arguments": {}}]',
+                '[{"name": "get_weather", "arguments": {"city": "x", "extra": 1}}]', "not json", "[]"]:
+        assert parse_tool_call_json(bad, tools) is None
+
+
+# -- process-level: CLI and graceful shutdown ---------------------------------------------------------------
+def test_serve_cli_bad_model_is_one_line(capsys):
+    from quicksilver.cli import main
+
+    assert main(["serve", "--model", "/no/such/model", "--port", "8123"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("quicksilver serve: error:") and "\n" not in err
+
+
+def test_shutdown_drains_in_flight_stream(model_dir):
+    """SIGTERM makes uvicorn set ``should_exit``; doing that directly exercises the same drain path
+    (stop accepting, finish open responses, then the lifespan drains the engine) without a subprocess."""
+    app = create_app(load_model(str(model_dir)), served_model_name=MODEL)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    body = {"model": MODEL, "messages": HI, "max_tokens": 60, "stream": True, "reasoning_effort": "high"}
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        first = next(lines)
+        assert engine_of(app).running
+        server.should_exit = True  # what uvicorn's SIGTERM handler does
+        rest = [line for line in lines if line]
+    thread.join(30)
+    chunks = [json.loads(x[6:]) for x in [first, *rest] if x.startswith("data: {")]
+    assert rest[-1] == "data: [DONE]"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == ["length"]
+    assert not thread.is_alive() and not engine_of(app).started
