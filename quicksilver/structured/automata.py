@@ -1,0 +1,251 @@
+"""Byte automata for value slots, lifted to tokens, and the feasibility engine that fills slots out of order.
+
+A value language (JSON string content, a number in a range, one of some literals, ...) is written as a
+small deterministic automaton over bytes: a start state, ``step(state, byte) -> (next, increment) | None``
+and ``accept(state)``. States are any hashable values; the reachable ones are enumerated once.
+
+An optional bounded counter rides along (string length in characters, array item count): each byte step
+adds ``increment`` to it and acceptance needs ``count_min <= count <= count_max``. Keeping the count out
+of the state keeps tables small (a string stays ~12 states whatever its maxLength).
+
+:class:`TokenAutomaton` runs every token's bytes from every state at once (numpy), giving a table
+``next[state, token]`` and ``added[state, token]``. A slot of ``n`` canvas positions holds a token
+sequence; a dedicated filler token may only follow a complete value and be followed by more filler, so
+shorter values are padded. :class:`SlotSolver` answers, for a slot where some positions are committed and
+others are free, which tokens each free position may take so that the whole slot can still be completed
+to an accepted value (forward reachability x backward co-reachability, exact, any fill order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from quicksilver.structured.lexicon import Lexicon
+
+Step = Callable[[Hashable, int], "tuple[Hashable, int] | None"]
+
+
+@dataclass(frozen=True)
+class ByteAutomaton:
+    start: Hashable
+    step: Step
+    accept: Callable[[Hashable], bool]
+    count_min: int = 0
+    count_max: int | None = None  # None: no upper bound (the counter saturates at count_min)
+    counted: bool = False  # False: increments are ignored
+
+
+class TooManyStates(ValueError):
+    pass
+
+
+def enumerate_states(auto: ByteAutomaton, limit: int = 4000) -> tuple[list[Hashable], np.ndarray, np.ndarray]:
+    """All states reachable from the start; byte tables next [S, 256] (-1 dead) and increment [S, 256]."""
+    index: dict[Hashable, int] = {auto.start: 0}
+    states = [auto.start]
+    rows_next: list[list[int]] = []
+    rows_inc: list[list[int]] = []
+    i = 0
+    while i < len(states):
+        s = states[i]
+        nxt = [-1] * 256
+        inc = [0] * 256
+        for b in range(256):
+            r = auto.step(s, b)
+            if r is None:
+                continue
+            t, k = r
+            j = index.get(t)
+            if j is None:
+                j = index[t] = len(states)
+                states.append(t)
+                if len(states) > limit:
+                    raise TooManyStates(f"value automaton has more than {limit} states")
+            nxt[b] = j
+            inc[b] = k if auto.counted else 0
+        rows_next.append(nxt)
+        rows_inc.append(inc)
+        i += 1
+    return states, np.array(rows_next, dtype=np.int32), np.array(rows_inc, dtype=np.int32)
+
+
+class TokenAutomaton:
+    """A byte automaton lifted to a vocabulary, plus the filler state (index ``fill``, last)."""
+
+    def __init__(self, auto: ByteAutomaton, lex: Lexicon):
+        states, bnext, binc = enumerate_states(auto)
+        n = len(states)
+        accept = np.array([bool(auto.accept(s)) for s in states] + [True])
+        # run every (non-special, non-empty) token from every state, byte column by byte column
+        cand = np.nonzero((lex.lengths > 0) & ~lex.special)[0]
+        cur = np.tile(np.arange(n, dtype=np.int32)[:, None], (1, cand.size))
+        added = np.zeros((n, cand.size), dtype=np.int32)
+        lengths = lex.lengths[cand]
+        for col in range(int(lengths.max()) if cand.size else 0):
+            active = (col < lengths)[None, :] & (cur >= 0)
+            if not active.any():
+                break
+            byte = lex.byte_matrix[cand, col].astype(np.int64)
+            safe = np.where(cur >= 0, cur, 0)
+            nxt = bnext[safe, byte[None, :].repeat(n, 0)]
+            inc = binc[safe, byte[None, :].repeat(n, 0)]
+            added = np.where(active, added + inc, added)
+            cur = np.where(active, nxt, cur)
+        alive = (cur >= 0).any(axis=0)
+        self.token_ids = cand[alive].astype(np.int64)  # vocabulary ids of the columns
+        nxt_tab = cur[:, alive]
+        inc_tab = added[:, alive]
+        self.fill = n
+        self.filler_col = self.token_ids.size if lex.filler_id is not None else None
+        cols = self.token_ids.size + (1 if lex.filler_id is not None else 0)
+        self.next = np.full((n + 1, cols), -1, dtype=np.int32)
+        self.inc = np.zeros((n + 1, cols), dtype=np.int32)
+        self.next[:n, : self.token_ids.size] = nxt_tab
+        self.inc[:n, : self.token_ids.size] = inc_tab
+        if lex.filler_id is not None:
+            self.token_ids = np.append(self.token_ids, lex.filler_id)
+            self.next[np.nonzero(accept)[0], self.filler_col] = n  # filler only after a complete value
+        self.accept = accept
+        self.n_states = n + 1
+        self.counted = auto.counted
+        self.count_min = auto.count_min if auto.counted else 0
+        self.count_max = auto.count_max if auto.counted else None
+        self.cap = (self.count_max if self.count_max is not None else self.count_min) if auto.counted else 0
+        self.col_of = {int(t): i for i, t in enumerate(self.token_ids.tolist())}
+        # distinct (increment) values and the state->state relation for each, for free positions
+        self.max_inc = int(self.inc.max()) if self.inc.size else 0
+        live = self.next >= 0
+        self.relation: dict[int, np.ndarray] = {}
+        for k in np.unique(self.inc[live]).tolist() if live.any() else []:
+            rel = np.zeros((self.n_states, self.n_states), dtype=bool)
+            rows, cols = np.nonzero(live & (self.inc == k))
+            rel[rows, self.next[rows, cols]] = True
+            self.relation[int(k)] = rel
+
+    @property
+    def width(self) -> int:
+        return self.cap + 1
+
+    def add(self, k: int) -> np.ndarray:
+        """New counter value for each old value after adding ``k`` (-1 = over the maximum)."""
+        new = np.arange(self.width) + k
+        if self.count_max is not None:
+            return np.where(new <= self.cap, new, -1)
+        return np.minimum(new, self.cap)
+
+    def final(self) -> np.ndarray:
+        """[states, width] bool: accepted (state, count) pairs."""
+        ok = np.zeros((self.n_states, self.width), dtype=bool)
+        ok[self.accept, self.count_min:] = True
+        return ok
+
+    def initial(self) -> np.ndarray:
+        r = np.zeros((self.n_states, self.width), dtype=bool)
+        r[0, 0] = True
+        return r
+
+    # -- one position ---------------------------------------------------------------------------------
+    def forward_free(self, r: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(r)
+        for k, rel in self.relation.items():
+            moved = (rel.T.astype(np.uint8) @ r.astype(np.uint8)) > 0  # [S, W] before the count shift
+            tgt = self.add(k)
+            ok = tgt >= 0
+            if ok.any():
+                np.logical_or.at(out, (slice(None), tgt[ok]), moved[:, ok])
+        return out
+
+    def forward_token(self, r: np.ndarray, col: int) -> np.ndarray:
+        out = np.zeros_like(r)
+        for s in np.nonzero(r.any(axis=1))[0].tolist():
+            t = int(self.next[s, col])
+            if t < 0:
+                continue
+            tgt = self.add(int(self.inc[s, col]))
+            ok = (tgt >= 0) & r[s]
+            if ok.any():
+                out[t, tgt[ok]] = True
+        return out
+
+    def backward_free(self, c: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(c)
+        for k, rel in self.relation.items():
+            tgt = self.add(k)
+            shifted = np.zeros_like(c)
+            ok = tgt >= 0
+            shifted[:, ok] = c[:, tgt[ok]]
+            out |= (rel.astype(np.uint8) @ shifted.astype(np.uint8)) > 0
+        return out
+
+    def backward_token(self, c: np.ndarray, col: int) -> np.ndarray:
+        out = np.zeros_like(c)
+        nxt = self.next[:, col]
+        for s in np.nonzero(nxt >= 0)[0].tolist():
+            tgt = self.add(int(self.inc[s, col]))
+            ok = tgt >= 0
+            out[s, ok] = c[int(nxt[s]), tgt[ok]]
+        return out
+
+    def allowed_columns(self, r: np.ndarray, c_next: np.ndarray) -> np.ndarray:
+        """Columns t with some reachable (s, n) and (next[s,t], n + inc[s,t]) co-reachable."""
+        allowed = np.zeros(self.next.shape[1], dtype=bool)
+        padded_dead = np.zeros((self.n_states + 1, self.max_inc + 1), dtype=bool)  # row -1 = dead state
+        for s in np.nonzero(r.any(axis=1))[0].tolist():
+            table = padded_dead.copy()
+            counts = r[s]
+            for k in range(self.max_inc + 1):
+                tgt = self.add(k)
+                ok = counts & (tgt >= 0)
+                if ok.any():
+                    table[: self.n_states, k] = c_next[:, tgt[ok]].any(axis=1)
+            nxt = self.next[s]
+            allowed |= table[nxt, np.minimum(self.inc[s], self.max_inc)] & (nxt >= 0)
+        return allowed
+
+
+class SlotSolver:
+    """Which tokens each position of one slot may take, given the committed ones (-1 = free)."""
+
+    def __init__(self, automaton: TokenAutomaton):
+        self.a = automaton
+
+    def _sweeps(self, cols: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        a = self.a
+        fwd = [a.initial()]
+        for col in cols:
+            fwd.append(a.forward_free(fwd[-1]) if col < 0 else a.forward_token(fwd[-1], col))
+        bwd = [a.final()]
+        for col in reversed(cols):
+            bwd.append(a.backward_free(bwd[-1]) if col < 0 else a.backward_token(bwd[-1], col))
+        bwd.reverse()
+        return fwd, bwd
+
+    def feasible(self, cols: list[int]) -> bool:
+        a = self.a
+        r = a.initial()
+        for col in cols:
+            r = a.forward_free(r) if col < 0 else a.forward_token(r, col)
+            if not r.any():
+                return False
+        return bool((r & a.final()).any())
+
+    def masks(self, cols: list[int], wanted: list[int]) -> dict[int, np.ndarray]:
+        """Allowed-column masks for the slot offsets in ``wanted`` (all treated as free)."""
+        fwd, bwd = self._sweeps(cols)
+        return {i: self.a.allowed_columns(fwd[i], bwd[i + 1]) for i in wanted}
+
+    def min_length(self, limit: int = 512) -> int | None:
+        """Fewest tokens that form an accepted value (None if none within ``limit``)."""
+        a = self.a
+        r = a.initial()
+        fin = a.final()
+        for n in range(limit + 1):
+            if (r & fin).any():
+                return n
+            r = a.forward_free(r)
+            if not r.any():
+                return None
+        return None

@@ -1,0 +1,269 @@
+"""The skeleton constraint: pinned JSON structure, value slots filled in any order, always completable.
+
+How it plugs into the decode loop (``quicksilver.decoding``):
+
+* ``pinned_tokens``: lays the skeleton out for this request's canvas and pins every fixed token (braces,
+  quoted keys, punctuation, single-valued consts); pinned runs are committed up front and cost no forward.
+* ``mask_logits``: each open slot position may only take tokens with which the slot can still be
+  completed to a valid value (exact, whatever order positions are filled in); the filler token (a special
+  token that decodes to nothing) pads short values and receives the probability mass of tokens that would
+  close the value (the closing quote, ``,``, ``}``, end-of-text), so "I am done" becomes "pad".
+  Positions after the skeleton may only take the end token; committed tokens in slots are frozen (self
+  correction cannot break the skeleton).
+* ``allow_commits``: tokens committed together in one step must be jointly completable; proposals are
+  accepted left to right while the slot stays feasible (the first always is).
+* ``finished``: all skeleton positions committed.
+
+A tool call for one of several tools first fills the name slot; once it is complete the arguments
+skeleton of that tool is pinned behind it ("late pinning").
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from quicksilver.decoding.constraints import Constraint
+from quicksilver.structured.layout import Layout, SlotRun, lay_out
+from quicksilver.structured.lexicon import Lexicon, lexicon_for
+from quicksilver.structured.schema import Piece
+from quicksilver.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from quicksilver.decoding.denoise import DecodeState
+
+
+class StructuredOutputError(ValueError):
+    """Decoded text failed validation (a bug: the constraint should make this impossible)."""
+
+
+@dataclass
+class Plan:
+    """The layouts for one canvas size: the head, and per choice a tail pinned once the choice is made."""
+
+    head: Layout
+    tails: dict[str, Layout] | None = None  # None: the head is the whole skeleton
+    choice_slot: int | None = None  # index of the slot whose value picks the tail
+
+
+@dataclass
+class _Run:
+    base: int  # absolute position of the answer's first token
+    plan: Plan
+    layout: Layout
+    end_id: int
+    complete: bool
+    slot_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # relative pos -> slot / -1
+
+    def index(self) -> None:
+        self.slot_at = np.full(self.layout.length, -1, dtype=np.int64)
+        for i, s in enumerate(self.layout.slots):
+            self.slot_at[s.offset : s.offset + s.length] = i
+
+
+def _concat(head: Layout, tail: Layout) -> Layout:
+    shift = head.length
+    slots = list(head.slots) + [
+        SlotRun(s.offset + shift, s.length, s.solver, s.closers) for s in tail.slots
+    ]
+    return Layout(head.tokens + tail.tokens, slots)
+
+
+class StructuredConstraint(Constraint):
+    """Pins a compiled skeleton; see the module docstring. ``validate(text)`` checks a final answer."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        planner: Callable[[int | None, Lexicon, tuple[int, ...]], Plan],
+        validate: Callable[[str], Any],
+        max_tokens: int | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.lex = lexicon_for(tokenizer)
+        self._planner = planner
+        self._validate = validate
+        self._plans: dict[tuple, Plan] = {}
+        self._runs: weakref.WeakKeyDictionary[DecodeState, _Run] = weakref.WeakKeyDictionary()
+        if max_tokens is not None:
+            self.plan(max_tokens)  # fail early (clear ValueError / UnsupportedSchema) before decoding
+
+    def plan(self, max_tokens: int | None, end_ids: tuple[int, ...] = ()) -> Plan:
+        key = (max_tokens, end_ids)
+        if key not in self._plans:
+            self._plans[key] = self._planner(max_tokens, self.lex, end_ids)
+        return self._plans[key]
+
+    def skeleton_length(self, max_tokens: int | None = None) -> int:
+        """Canvas tokens the (first) skeleton occupies."""
+        p = self.plan(max_tokens)
+        if p.tails is None:
+            return p.head.length
+        return p.head.length + max(t.length for t in p.tails.values())
+
+    def validate(self, text: str) -> Any:
+        """Parse and validate a final answer; raises StructuredOutputError if it is not valid."""
+        return self._validate(text)
+
+    # -- hooks -----------------------------------------------------------------------------------------
+    def pinned_tokens(self, state: DecodeState) -> dict[int, int]:
+        if state.params.stop:
+            raise ValueError("stop sequences cannot be combined with structured output (they could cut the JSON)")
+        end_ids = tuple(int(x) for x in state.end_ids.tolist())
+        if self.lex.filler_id in end_ids:
+            raise ValueError("the slot filler token is an end token for this model")
+        plan = self.plan(state.params.max_tokens, end_ids)
+        eos = self.tokenizer.eos_id
+        end_id = eos if eos in end_ids else end_ids[0]
+        layout = plan.head
+        run = _Run(state.prompt_len, plan, layout, end_id, complete=plan.tails is None)
+        run.index()
+        self._runs[state] = run
+        return {run.base + i: t for i, t in enumerate(layout.tokens) if t >= 0}
+
+    def _slot_cols(self, state: DecodeState, run: _Run, slot: SlotRun) -> list[int]:
+        a = slot.automaton
+        start = run.base + slot.offset
+        toks = state.tokens[start : start + slot.length].tolist()
+        done = state.committed[start : start + slot.length].tolist()
+        return [a.col_of.get(t, -2) if ok else -1 for t, ok in zip(toks, done, strict=True)]
+
+    def mask_logits(self, state: DecodeState, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        run = self._runs[state]
+        n, vocab = logits.shape
+        allow = torch.zeros((n, vocab), dtype=torch.bool)
+        rel = (positions - run.base).tolist()
+        by_slot: dict[int, list[int]] = {}
+        for i, r in enumerate(rel):
+            pos = int(positions[i])
+            if r >= run.layout.length:
+                if run.complete:
+                    allow[i, run.end_id] = True  # after the skeleton: only the end of the answer
+                else:
+                    allow[i] = True  # not laid out yet; never committed (see allow_commits)
+                    allow[i, list(state.end_ids.tolist())] = False
+                continue
+            s = int(run.slot_at[r])
+            if s < 0 or bool(state.committed[pos]):  # pinned, or a committed token: keep it
+                allow[i, int(state.tokens[pos])] = True
+                continue
+            by_slot.setdefault(s, []).append(i)
+        filler = self.lex.filler_id
+        for s, rows in by_slot.items():
+            slot = run.layout.slots[s]
+            cols = self._slot_cols(state, run, slot)
+            offsets = [rel[i] - slot.offset for i in rows]
+            masks = slot.solver.masks(cols, offsets)
+            ids = slot.automaton.token_ids
+            for i, off in zip(rows, offsets, strict=True):
+                ok = ids[masks[off]]
+                ok = ok[ok < vocab]
+                allow[i, torch.from_numpy(ok)] = True
+                if bool(allow[i, filler]) and slot.closers.size:
+                    # "end this value" mass (closing quote, comma, brace, end token) moves to the filler
+                    closers = torch.from_numpy(np.append(slot.closers[slot.closers < vocab], filler))
+                    logits[i, filler] = torch.logsumexp(logits[i, closers], dim=0)
+        return logits.masked_fill(~allow, float("-inf"))
+
+    def allow_commits(
+        self, state: DecodeState, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
+    ) -> torch.Tensor:
+        run = self._runs[state]
+        out = torch.zeros_like(keep)
+        order = positions.argsort().tolist()
+        trial: dict[int, list[int]] = {}
+
+        def try_commit(i: int) -> bool:
+            r = int(positions[i]) - run.base
+            if r >= run.layout.length:
+                return run.complete
+            s = int(run.slot_at[r])
+            if s < 0:
+                return False
+            slot = run.layout.slots[s]
+            cols = trial.get(s)
+            if cols is None:
+                cols = trial[s] = self._slot_cols(state, run, slot)
+            col = slot.automaton.col_of.get(int(tokens[i]))
+            if col is None:
+                return False
+            off = r - slot.offset
+            cols[off] = col
+            if slot.solver.feasible(cols):
+                return True
+            cols[off] = -1
+            return False
+
+        for i in order:
+            if bool(keep[i]) and try_commit(i):
+                out[i] = True
+        if bool(keep.any()) and not bool(out.any()):
+            for i in order:  # the policy's picks all clash: commit the leftmost slot token that fits
+                if try_commit(i):
+                    out[i] = True
+                    break
+        if not run.complete:
+            self._maybe_expand(state, run, positions, tokens, out)
+        return out
+
+    def _maybe_expand(
+        self, state: DecodeState, run: _Run, positions: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """Once the choice slot (tool name) is complete, pin the chosen tail behind the head."""
+        plan = run.plan
+        slot = run.layout.slots[plan.choice_slot]
+        start = run.base + slot.offset
+        toks = state.tokens[start : start + slot.length].clone()
+        done = state.committed[start : start + slot.length].clone()
+        for i in out.nonzero().flatten().tolist():
+            r = int(positions[i]) - start
+            if 0 <= r < slot.length:
+                toks[r] = tokens[i]
+                done[r] = True
+        if not bool(done.all()):
+            return
+        text = self.tokenizer.decode([t for t in toks.tolist() if t != self.lex.filler_id])
+        tail = plan.tails[text]
+        run.layout = _concat(plan.head, tail)
+        run.complete = True
+        run.index()
+        for r in range(plan.head.length, run.layout.length):
+            tok = run.layout.tokens[r]
+            if tok >= 0:
+                p = run.base + r
+                state.tokens[p] = tok
+                state.committed[p] = state.fixed[p] = True
+
+    def finished(self, state: DecodeState) -> bool:
+        run = self._runs.get(state)
+        if run is None or not run.complete:
+            return False
+        return bool(state.committed[run.base : run.base + run.layout.length].all())
+
+
+def schema_planner(pieces: list[Piece], tokenizer: Tokenizer):
+    def planner(max_tokens: int | None, lex: Lexicon, end_ids: tuple[int, ...]) -> Plan:
+        return Plan(lay_out(pieces, tokenizer, lex, max_tokens, end_ids))
+
+    return planner
+
+
+def json_validator(validator: Any | None) -> Callable[[str], Any]:
+    def validate(text: str) -> Any:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StructuredOutputError(f"output is not valid JSON: {exc}") from None
+        if validator is not None:
+            err = next(iter(validator.iter_errors(value)), None)
+            if err is not None:
+                raise StructuredOutputError(f"output does not match the schema: {err.message}")
+        return value
+
+    return validate

@@ -1,0 +1,136 @@
+"""A skeleton laid out as canvas tokens: pinned token runs and value slots with token budgets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from quicksilver.structured.automata import SlotSolver, TokenAutomaton, TooManyStates
+from quicksilver.structured.lexicon import Lexicon
+from quicksilver.structured.schema import Piece, Slot, UnsupportedSchema
+from quicksilver.structured.values import build
+from quicksilver.tokenizer import Tokenizer
+
+MAX_SLOT_TOKENS = 64  # flexible slots grow up to this when the canvas has room
+
+
+@dataclass
+class SlotRun:
+    offset: int  # first canvas position, relative to the start of the answer
+    length: int
+    solver: SlotSolver
+    closers: np.ndarray  # token ids that mean "this value is over" (their mass goes to the filler)
+
+    @property
+    def automaton(self) -> TokenAutomaton:
+        return self.solver.a
+
+
+@dataclass
+class Layout:
+    tokens: list[int]  # token id per relative position, -1 inside slots
+    slots: list[SlotRun]
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+def automaton_for(spec: tuple, lex: Lexicon) -> TokenAutomaton:
+    cache: dict = lex.__dict__.setdefault("_automata", {})
+    auto = cache.get(spec)
+    if auto is None:
+        byte_auto = build(spec)
+        if byte_auto is None:
+            raise UnsupportedSchema(f"no value satisfies {_describe(spec)}")
+        try:
+            auto = TokenAutomaton(byte_auto, lex)
+        except TooManyStates as exc:
+            raise UnsupportedSchema(f"{_describe(spec)} is too complex to enforce ({exc})") from None
+        cache[spec] = auto
+    return auto
+
+
+def _describe(spec: tuple) -> str:
+    if spec[0] == "number":
+        _, integer, lo, hi, lo_x, hi_x = spec
+        kind = "integer" if integer else "number"
+        return f"{kind} range [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+    return f"the {spec[0]} value"
+
+
+@dataclass
+class _Planned:
+    slot: Slot
+    automaton: TokenAutomaton
+    min_len: int
+    budget: int
+
+
+def lay_out(
+    pieces: list[Piece], tokenizer: Tokenizer, lex: Lexicon, max_tokens: int | None, end_ids: tuple[int, ...] = ()
+) -> Layout:
+    """Tokenize the fixed text, size the slots to fit ``max_tokens`` (ValueError if impossible)."""
+    if lex.filler_id is None:
+        raise UnsupportedSchema("the tokenizer has no spare special token to pad value slots with")
+    encoded: list[list[int] | _Planned] = []
+    for p in pieces:
+        if isinstance(p, str):
+            encoded.append(tokenizer.encode(p))
+            continue
+        auto = automaton_for(p.spec, lex)
+        solver = SlotSolver(auto)
+        min_len = solver.min_length()
+        if min_len is None:
+            raise UnsupportedSchema(f"no value of {_describe(p.spec)} can be written with this vocabulary")
+        budget = max(p.budget, min_len)
+        if p.spec[0] == "literals":  # room for the longest alternative as the tokenizer writes it
+            budget = max(budget, *(len(tokenizer.encode(t)) for t in p.spec[1]))
+        encoded.append(_Planned(p, auto, min_len, budget))
+    fixed = sum(len(e) for e in encoded if isinstance(e, list))
+    slots = [e for e in encoded if isinstance(e, _Planned)]
+    if max_tokens is not None:
+        _fit(slots, max_tokens - fixed, max_tokens)
+    tokens: list[int] = []
+    runs: list[SlotRun] = []
+    for i, e in enumerate(encoded):
+        if isinstance(e, list):
+            tokens.extend(e)
+            continue
+        nxt = next((x for x in encoded[i + 1:] if isinstance(x, list) and x), None)
+        closers = _closers(lex, nxt[0] if nxt else None, end_ids)
+        runs.append(SlotRun(len(tokens), e.budget, SlotSolver(e.automaton), closers))
+        tokens.extend([-1] * e.budget)
+    return Layout(tokens, runs)
+
+
+def _fit(slots: list[_Planned], room: int, max_tokens: int) -> None:
+    need = sum(s.min_len for s in slots)
+    if need > room:
+        raise ValueError(
+            f"the JSON skeleton needs at least {max_tokens - room + need} tokens but max_tokens is {max_tokens}"
+        )
+    total = sum(s.budget for s in slots)
+    flexible = [s for s in slots if s.slot.flexible]
+    while total > room:  # shrink the largest flexible slot one token at a time
+        cand = [s for s in slots if s.budget > s.min_len]
+        best = max(cand, key=lambda s: s.budget - s.min_len)
+        best.budget -= 1
+        total -= 1
+    # spare canvas: each flexible slot may double once (up to MAX_SLOT_TOKENS); the rest stays unused
+    spare = room - total
+    for s in flexible:
+        grow = min(spare, s.budget, MAX_SLOT_TOKENS - s.budget)
+        if grow > 0:
+            s.budget += grow
+            spare -= grow
+
+
+def _closers(lex: Lexicon, next_token: int | None, end_ids: tuple[int, ...]) -> np.ndarray:
+    ids = set(end_ids)
+    if next_token is not None:
+        text = lex.token_bytes(next_token)
+        if text:
+            ids.update(lex.first_byte_ids(text[0]).tolist())
+    return np.array(sorted(ids), dtype=np.int64)

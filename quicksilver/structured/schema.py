@@ -1,0 +1,338 @@
+"""JSON Schema -> skeleton: fixed text (braces, quoted keys, punctuation) and bounded value slots.
+
+Text is laid out the way ``json.dumps`` writes it with default separators (``", "`` and ``": "``), which
+is also how the chat template's ``tojson`` renders tool calls, so pinned text tokenizes like training
+data. Strategy for the parts a skeleton cannot leave open (documented, deterministic):
+
+* every listed property is emitted, in schema order (optional ones too: always valid, keeps keys pinned);
+* an array of simple values is one slot whose automaton counts items (minItems/maxItems respected);
+  an array of objects/arrays gets ``max(minItems, 1)`` items (capped by maxItems);
+* ``anyOf``/``type`` lists of simple values become one slot the model chooses in; with an object or array
+  among them, the first structured alternative is emitted;
+* anything that cannot be guaranteed (pattern, multipleOf, not, if/then/else, ...) raises
+  :class:`UnsupportedSchema` naming the keyword.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import jsonschema
+
+
+class UnsupportedSchema(ValueError):
+    """The schema uses a feature the constrained decoder cannot enforce (the server answers 400)."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    spec: tuple  # value automaton spec (see quicksilver.structured.values)
+    budget: int  # default number of canvas tokens
+    flexible: bool  # may be shrunk or grown to fit the canvas (strings, arrays)
+
+
+Piece = str | Slot
+
+# keywords with no effect on what we generate (annotations) or that our generation always satisfies
+_IGNORED = {
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
+    "writeOnly", "additionalProperties", "unevaluatedProperties", "required", "strict", "nullable", "$defs",
+    "definitions", "properties", "items", "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems",
+    "maxItems", "prefixItems", "uniqueItems", "minProperties", "maxProperties", "format", "contentEncoding",
+    "contentMediaType", "$anchor", "name",
+}
+_UNSUPPORTED = {
+    "pattern": "string patterns", "patternProperties": "patternProperties", "multipleOf": "multipleOf",
+    "not": "not", "if": "if/then/else", "then": "if/then/else", "else": "if/then/else",
+    "dependentRequired": "dependentRequired", "dependentSchemas": "dependentSchemas",
+    "dependencies": "dependencies", "contains": "contains", "propertyNames": "propertyNames",
+    "unevaluatedItems": "unevaluatedItems", "additionalItems": "additionalItems", "$dynamicRef": "$dynamicRef",
+}
+STRING_TOKENS = 16  # default tokens for a string value (S3 uses 16 as well)
+NUMBER_TOKENS = 8
+ARRAY_ITEMS = 3  # default item budget for arrays of simple values
+_MAX_DEPTH = 12
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+class SchemaCompiler:
+    def __init__(self, root: dict, strict: bool = True):
+        if not isinstance(root, dict):
+            raise UnsupportedSchema("the schema must be a JSON object")
+        self.root = root
+        self.strict = strict
+        try:
+            jsonschema.validators.validator_for(root).check_schema(root)
+        except jsonschema.SchemaError as exc:
+            raise UnsupportedSchema(f"invalid JSON schema: {exc.message}") from None
+
+    # -- helpers ----------------------------------------------------------------------------------------
+    def resolve(self, schema: Any, depth: int) -> Any:
+        seen = 0
+        while isinstance(schema, dict) and "$ref" in schema:
+            ref = schema["$ref"]
+            if not isinstance(ref, str) or not ref.startswith("#"):
+                raise UnsupportedSchema(f"only local $ref is supported (got {ref!r})")
+            target: Any = self.root
+            for part in [p for p in ref[1:].split("/") if p]:
+                part = part.replace("~1", "/").replace("~0", "~")
+                if not isinstance(target, dict) or part not in target:
+                    raise UnsupportedSchema(f"$ref {ref!r} does not resolve")
+                target = target[part]
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            schema = {**target, **rest} if isinstance(target, dict) and rest else target
+            seen += 1
+            if seen > _MAX_DEPTH:
+                raise UnsupportedSchema("recursive $ref")
+        return schema
+
+    def check_keywords(self, schema: dict) -> None:
+        for key in schema:
+            if key in _UNSUPPORTED:
+                raise UnsupportedSchema(f"JSON schema keyword {key!r} ({_UNSUPPORTED[key]}) is not supported "
+                                        "by constrained decoding")
+        if "format" in schema and self.strict:
+            raise UnsupportedSchema(f"string format {schema['format']!r} cannot be enforced in strict mode")
+
+    # -- entry -----------------------------------------------------------------------------------------
+    def compile(self) -> list[Piece]:
+        return _merge(self.value(self.root, 0))
+
+    def value(self, schema: Any, depth: int) -> list[Piece]:
+        if depth > _MAX_DEPTH:
+            raise UnsupportedSchema(f"schema nesting deeper than {_MAX_DEPTH} levels (recursive schema?)")
+        schema = self.resolve(schema, depth)
+        if schema is True or schema == {}:
+            return [Slot(("union", (("qstring",), _num(False), ("literals", ("true", "false", "null")))),
+                         STRING_TOKENS, True)]
+        if schema is False:
+            raise UnsupportedSchema("a 'false' schema accepts no value")
+        if not isinstance(schema, dict):
+            raise UnsupportedSchema(f"schema must be an object, got {type(schema).__name__}")
+        self.check_keywords(schema)
+        if "allOf" in schema:
+            parts = schema["allOf"]
+            if len(parts) != 1:
+                raise UnsupportedSchema("allOf with more than one schema is not supported")
+            merged = {**{k: v for k, v in schema.items() if k != "allOf"}, **self.resolve(parts[0], depth)}
+            return self.value(merged, depth + 1)
+        if "const" in schema:
+            return [dumps(schema["const"])]
+        if "enum" in schema:
+            return self.enum(schema)
+        alts = self.alternatives(schema)
+        if alts is not None:
+            return self.choice(alts, depth, one_of="oneOf" in schema)
+        types = schema.get("type")
+        if isinstance(types, list) or schema.get("nullable") is True:
+            options = list(types) if isinstance(types, list) else [types]
+            if schema.get("nullable") is True and "null" not in options:
+                options.append("null")
+            base = {k: v for k, v in schema.items() if k not in ("type", "nullable")}
+            return self.choice([{**base, "type": t} for t in options], depth, one_of=False)
+        if types is None:  # infer from keywords
+            if "properties" in schema:
+                types = "object"
+            elif "items" in schema or "prefixItems" in schema:
+                types = "array"
+            else:
+                return self.value(True, depth)
+        match types:
+            case "object":
+                return self.object(schema, depth)
+            case "array":
+                return self.array(schema, depth)
+            case "string":
+                return ['"', self.string_slot(schema), '"']
+            case "number" | "integer":
+                return [self.number_slot(schema, types == "integer")]
+            case "boolean":
+                return [Slot(("literals", ("true", "false")), 2, False)]
+            case "null":
+                return ["null"]
+        raise UnsupportedSchema(f"unknown type {types!r}")
+
+    def enum(self, schema: dict) -> list[Piece]:
+        rest = {k: v for k, v in schema.items() if k != "enum"}
+        values = []
+        for v in schema["enum"]:
+            try:
+                jsonschema.validate(v, rest) if rest else None
+            except jsonschema.ValidationError:
+                continue
+            values.append(v)
+        if not values:
+            raise UnsupportedSchema("enum has no value that satisfies the rest of its schema")
+        texts = tuple(dict.fromkeys(dumps(v) for v in values))
+        if len(texts) == 1:
+            return [texts[0]]
+        return [Slot(("literals", texts), 0, False)]
+
+    @staticmethod
+    def alternatives(schema: dict) -> list | None:
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                base = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
+                return [{**base, **alt} if isinstance(alt, dict) else alt for alt in schema[key]]
+        return None
+
+    def choice(self, alts: list, depth: int, one_of: bool) -> list[Piece]:
+        """A slot over simple alternatives, or the first structured alternative."""
+        compiled = [self.value(a, depth + 1) for a in alts]
+        simple: list[tuple] = []
+        for pieces in compiled:
+            spec = _as_simple(pieces)
+            if spec is None:
+                if one_of and len(alts) > 1:
+                    raise UnsupportedSchema("oneOf with object or array alternatives is not supported")
+                return pieces
+            simple.append(spec)
+        if len(simple) == 1:
+            return compiled[0]
+        if one_of:
+            raise UnsupportedSchema("oneOf between simple values is not supported (use anyOf)")
+        simple = [_quoted(s) for s in simple]
+        budget = max(_budget_of(p) for p in compiled)
+        return [Slot(("union", tuple(simple)), max(budget, NUMBER_TOKENS), True)]
+
+    def object(self, schema: dict, depth: int) -> list[Piece]:
+        props = schema.get("properties") or {}
+        required = list(schema.get("required") or [])
+        missing = [r for r in required if r not in props]
+        if missing:
+            raise UnsupportedSchema(f"required properties {missing} are not listed in 'properties'")
+        names = list(props)
+        max_props = schema.get("maxProperties")
+        if max_props is not None and len(names) > max_props:
+            names = [n for n in names if n in required]
+            names += [n for n in props if n not in names][: max(0, max_props - len(names))]
+            if len(names) > max_props:
+                raise UnsupportedSchema("maxProperties is smaller than the number of required properties")
+        if schema.get("minProperties", 0) > len(names):
+            raise UnsupportedSchema("minProperties needs properties that are not listed")
+        pieces: list[Piece] = ["{"]
+        for i, name in enumerate(names):
+            pieces.append((", " if i else "") + dumps(name) + ": ")
+            pieces.extend(self.value(props[name], depth + 1))
+        pieces.append("}")
+        return pieces
+
+    def array(self, schema: dict, depth: int) -> list[Piece]:
+        min_items = int(schema.get("minItems", 0))
+        max_items = schema.get("maxItems")
+        prefix = schema.get("prefixItems")
+        items = schema.get("items", True)
+        if prefix is not None:
+            n = len(prefix) if items is False else max(len(prefix), min_items)
+            if max_items is not None:
+                n = min(n, max_items)
+            if n < min_items:
+                raise UnsupportedSchema("prefixItems with items: false cannot reach minItems")
+            schemas = [prefix[i] if i < len(prefix) else items for i in range(n)]
+            return self._fixed_items(schemas, depth)
+        if max_items is not None and max_items < min_items:
+            raise UnsupportedSchema("maxItems < minItems")
+        item_pieces = self.value(items, depth + 1)
+        spec = _as_simple(item_pieces)
+        if spec is not None and spec[0] != "string" and not schema.get("uniqueItems"):
+            per_item = _budget_of(item_pieces) + 2
+            shown = max(min_items, min(ARRAY_ITEMS, max_items if max_items is not None else ARRAY_ITEMS))
+            slot = Slot(("array", _quoted(spec), min_items, max_items), max(1, shown) * per_item, True)
+            return ["[", slot, "]"]
+        n = max(min_items, 1)
+        if max_items is not None:
+            n = min(n, max_items)
+        if schema.get("uniqueItems") and n > 1:
+            raise UnsupportedSchema("uniqueItems with minItems > 1 cannot be guaranteed")
+        return self._fixed_items([items] * n, depth)
+
+    def _fixed_items(self, schemas: list, depth: int) -> list[Piece]:
+        pieces: list[Piece] = ["["]
+        for i, s in enumerate(schemas):
+            if i:
+                pieces.append(", ")
+            pieces.extend(self.value(s, depth + 1))
+        pieces.append("]")
+        return pieces
+
+    def string_slot(self, schema: dict) -> Slot:
+        lo = int(schema.get("minLength", 0))
+        hi = schema.get("maxLength")
+        if hi is not None and hi < lo:
+            raise UnsupportedSchema("maxLength < minLength")
+        budget = STRING_TOKENS if hi is None else max(1, min(STRING_TOKENS, int(hi)))
+        return Slot(("string", lo, None if hi is None else int(hi)), max(budget, lo), True)
+
+    def number_slot(self, schema: dict, integer: bool) -> Slot:
+        def bound(key: str) -> tuple[str | None, bool]:
+            v = schema.get(key)
+            if isinstance(v, bool):  # draft-4 style boolean exclusives
+                return None, False
+            return (None if v is None else str(Decimal(str(v)))), False
+
+        lo, _ = bound("minimum")
+        hi, _ = bound("maximum")
+        lo_x = hi_x = False
+        ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+        if isinstance(ex_lo, bool) or isinstance(ex_hi, bool):
+            lo_x, hi_x = bool(ex_lo), bool(ex_hi)
+        else:
+            if ex_lo is not None and (lo is None or Decimal(str(ex_lo)) >= Decimal(lo)):
+                lo, lo_x = str(Decimal(str(ex_lo))), True
+            if ex_hi is not None and (hi is None or Decimal(str(ex_hi)) <= Decimal(hi)):
+                hi, hi_x = str(Decimal(str(ex_hi))), True
+        spec = ("number", integer, lo, hi, lo_x, hi_x)
+        digits = max((len(b.split(".")[0]) for b in (lo, hi) if b is not None), default=0)
+        return Slot(spec, max(NUMBER_TOKENS, digits + 4), True)
+
+
+def _num(integer: bool) -> tuple:
+    return ("number", integer, None, None, False, False)
+
+
+def _as_simple(pieces: list[Piece]) -> tuple | None:
+    """The value spec of a compiled simple value (including its quotes), None for objects/arrays."""
+    if len(pieces) == 1 and isinstance(pieces[0], Slot):
+        return pieces[0].spec
+    if len(pieces) == 1 and isinstance(pieces[0], str):
+        text = pieces[0]
+        if text.startswith("{") or text.startswith("["):
+            return None
+        return ("literals", (text,))
+    if len(pieces) == 3 and pieces[0] == '"' and pieces[2] == '"' and isinstance(pieces[1], Slot):
+        spec = pieces[1].spec
+        if spec[1:] == (0, None):
+            return ("qstring",)
+        return spec  # a counted string: callers must not put it in a union
+    return None
+
+
+def _quoted(spec: tuple) -> tuple:
+    if spec[0] == "string":
+        if spec[1:] != (0, None):
+            raise UnsupportedSchema("string length bounds inside arrays or unions are not supported")
+        return ("qstring",)
+    if spec[0] == "union":
+        return ("union", tuple(_quoted(s) for s in spec[1]))
+    return spec
+
+
+def _budget_of(pieces: list[Piece]) -> int:
+    return sum(p.budget if isinstance(p, Slot) else 1 for p in pieces)
+
+
+def _merge(pieces: list[Piece]) -> list[Piece]:
+    out: list[Piece] = []
+    for p in pieces:
+        if isinstance(p, str) and out and isinstance(out[-1], str):
+            out[-1] = out[-1] + p
+        elif p != "":
+            out.append(p)
+    return out

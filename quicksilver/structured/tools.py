@@ -1,0 +1,173 @@
+"""Tool calls: a pinned ``<|tool_calls|>[{"name": ..., "arguments": {...}}]`` skeleton, and parsing.
+
+The text layout matches the chat template (``tool_calls | tojson``: ``json.dumps`` default separators).
+With one possible tool everything but the argument values is pinned; with several the model first fills
+the name slot (one of the tool names), then that tool's arguments skeleton is pinned behind it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+
+from quicksilver.structured.constraint import Plan, StructuredConstraint, StructuredOutputError
+from quicksilver.structured.layout import lay_out
+from quicksilver.structured.lexicon import Lexicon
+from quicksilver.structured.schema import Piece, SchemaCompiler, Slot, UnsupportedSchema, dumps
+from quicksilver.tokenizer import TOOL_CALLS, Tokenizer
+
+
+def _functions(tools: list[dict]) -> dict[str, dict]:
+    """name -> parameters schema, from OpenAI-format tools (ValueError on malformed tools)."""
+    if not isinstance(tools, list) or not tools:
+        raise ValueError("tools must be a non-empty list")
+    out: dict[str, dict] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tools[{i}].function.name must be a non-empty string")
+        params = fn.get("parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object")
+        out[name] = params
+    return out
+
+
+def _strict(tools: list[dict], name: str) -> bool:
+    for t in tools:
+        if t.get("function", {}).get("name") == name:
+            return bool(t["function"].get("strict", False))
+    return False
+
+
+def tool_call_constraint(
+    tools: list[dict], tool_choice: Any, tokenizer: Tokenizer, max_tokens: int | None = None
+) -> StructuredConstraint | None:
+    """A constraint forcing a valid call, or None when the model may answer freely ("none"/"auto")."""
+    if tool_choice is None or tool_choice in ("none", "auto"):
+        return None
+    functions = _functions(tools)
+    if tool_choice == "required":
+        names = list(functions)
+    elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        name = (tool_choice.get("function") or {}).get("name")
+        if name not in functions:
+            raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+        names = [name]
+    else:
+        raise ValueError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                         "{'name': ...}}")
+    if tokenizer.token_id(TOOL_CALLS) is None:
+        raise UnsupportedSchema(f"this tokenizer has no {TOOL_CALLS} token")
+    args = {n: SchemaCompiler(functions[n], strict=_strict(tools, n)).compile() for n in names}
+    validators = {n: jsonschema.validators.validator_for(functions[n])(functions[n]) for n in functions}
+
+    def planner(max_tok: int | None, lex: Lexicon, end_ids: tuple[int, ...]) -> Plan:
+        return _plan(names, args, tokenizer, lex, max_tok, end_ids)
+
+    def validate(text: str) -> list[dict]:
+        calls = _decode_calls(text, validators)
+        if calls is None:
+            raise StructuredOutputError(f"output is not a valid tool call: {text!r}")
+        return calls
+
+    return StructuredConstraint(tokenizer, planner, validate, max_tokens)
+
+
+def _plan(names: list[str], args: dict[str, list[Piece]], tokenizer: Tokenizer, lex: Lexicon,
+          max_tokens: int | None, end_ids: tuple[int, ...]) -> Plan:
+    if len(names) == 1:
+        pieces = [TOOL_CALLS + '[{"name": ' + dumps(names[0]) + ', "arguments": ', *args[names[0]], "}]"]
+        return Plan(lay_out(_merge(pieces), tokenizer, lex, max_tokens, end_ids))
+    alive = list(names)
+    errors: list[str] = []
+    while True:
+        escaped = tuple(dumps(n)[1:-1] for n in alive)
+        head_pieces: list[Piece] = [TOOL_CALLS + '[{"name": "', Slot(("literals", escaped), 0, False)]
+        head = lay_out(head_pieces, tokenizer, lex, None, end_ids)
+        head.slots[-1].closers = _union(head.slots[-1].closers, lex.first_byte_ids(ord('"')))
+        room = None if max_tokens is None else max_tokens - head.length
+        tails = {}
+        for n, e in zip(alive, escaped, strict=True):
+            try:
+                if room is not None and room < 1:
+                    raise ValueError(f"max_tokens {max_tokens} leaves no room for the arguments")
+                tails[e] = lay_out(_merge(['", "arguments": ', *args[n], "}]"]), tokenizer, lex, room, end_ids)
+            except ValueError as exc:
+                if isinstance(exc, UnsupportedSchema):
+                    raise
+                errors.append(f"{n}: {exc}")
+        if not tails:
+            raise ValueError("max_tokens is too small for any tool call (" + "; ".join(errors) + ")")
+        if len(tails) == len(alive):
+            if len(alive) == 1:  # only one tool fits: pin its name too
+                return _plan(alive, args, tokenizer, lex, max_tokens, end_ids)
+            return Plan(head, tails, choice_slot=len(head.slots) - 1)
+        alive = [n for n, e in zip(alive, escaped, strict=True) if e in tails]
+
+
+def _union(a, b):
+    import numpy as np
+
+    return np.union1d(a, b).astype(np.int64)
+
+
+def _merge(pieces: list[Piece]) -> list[Piece]:
+    out: list[Piece] = []
+    for p in pieces:
+        if isinstance(p, str) and out and isinstance(out[-1], str):
+            out[-1] += p
+        elif p != "":
+            out.append(p)
+    return out
+
+
+def _decode_calls(text: str, validators: dict[str, Any]) -> list[dict] | None:
+    body = text.split(TOOL_CALLS, 1)[1] if TOOL_CALLS in text else text
+    body = body.strip()
+    if not body.startswith(("[", "{")):
+        return None
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        return None
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) - {"name", "arguments"} or item.get("name") not in validators:
+            return None
+        arguments = item.get("arguments", {})
+        if isinstance(arguments, str):  # some models write the OpenAI wire form: a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+        if next(iter(validators[item["name"]].iter_errors(arguments)), None) is not None:
+            return None
+        calls.append({"name": item["name"], "arguments": arguments})
+    return calls
+
+
+def parse_tool_calls(text: str, tools: list[dict]) -> list[dict] | None:
+    """Validated ``[{"name", "arguments": dict}]`` if ``text`` is a tool call for ``tools``, else None.
+
+    Accepts the template form (``<|tool_calls|>`` + JSON list, the marker is dropped when decoding with
+    ``skip_special_tokens``) and a bare list or single call object.
+    """
+    try:
+        functions = _functions(tools)
+    except ValueError:
+        return None
+    validators = {n: jsonschema.validators.validator_for(s)(s) for n, s in functions.items()}
+    return _decode_calls(text, validators)

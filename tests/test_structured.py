@@ -1,0 +1,323 @@
+"""Structured output and tool calls: whatever a random model emits, the answer is valid."""
+
+from __future__ import annotations
+
+import json
+import random
+from decimal import Decimal
+
+import jsonschema
+import pytest
+import torch
+
+from quicksilver.decoding import Decoder
+from quicksilver.sampling import SamplingParams
+from quicksilver.structured import (
+    UnsupportedSchema,
+    constrained_text,
+    json_object_constraint,
+    json_schema_constraint,
+    parse_tool_calls,
+    tool_call_constraint,
+)
+from quicksilver.structured import values as V
+from quicksilver.testing import tiny_model, tiny_tokenizer
+
+MODES = ["block_causal", "bidirectional", "causal"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # the tiny models are far faster single-threaded on a shared CPU
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def decoders(tok):
+    return {mode: Decoder(tiny_model(mode, seed=3), tok) for mode in MODES}
+
+
+SCHEMAS = {
+    "flat": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 6},
+            "age": {"type": "integer", "minimum": -20, "maximum": 130},
+            "score": {"type": "number", "exclusiveMinimum": -1.5, "maximum": 2.25},
+            "ok": {"type": "boolean"},
+            "nothing": {"type": "null"},
+        },
+        "required": ["name", "age", "score", "ok", "nothing"],
+        "additionalProperties": False,
+    },
+    "nested_arrays_enums": {
+        "type": "object",
+        "properties": {
+            "color": {"enum": ["red", "green", "blue", 7, None]},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+            "points": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 4},
+            "owner": {
+                "type": "object",
+                "properties": {"id": {"type": "integer"}, "nick": {"type": ["string", "null"]}},
+                "required": ["id", "nick"],
+                "additionalProperties": False,
+            },
+            "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                      "items": {"type": "object", "properties": {"k": {"type": "number"}}, "required": ["k"]}},
+        },
+        "required": ["color", "tags", "points", "owner", "items"],
+        "additionalProperties": False,
+    },
+    "optional_refs_escapes": {
+        "$defs": {"unit": {"type": "string", "enum": ["c", "f"]}},
+        "type": "object",
+        "properties": {
+            'qu"ote\\key': {"const": 'a "quoted"\nline'},
+            "unit": {"$ref": "#/$defs/unit"},
+            "maybe": {"anyOf": [{"type": "integer"}, {"type": "boolean"}, {"type": "null"}]},
+            "free": {},
+            "text": {"type": "string"},
+            "ünï": {"type": "number"},
+        },
+        "required": ["unit"],
+    },
+    "top_level_array": {"type": "array", "items": {"type": "number", "minimum": 0.5, "maximum": 3}, "minItems": 2},
+    "top_level_enum": {"enum": ["alpha", "beta", "gamma"]},
+}
+
+
+def _decode(decoder, constraint, seed, **kw):
+    params = SamplingParams(**{"max_tokens": 120, "temperature": 1.0, "seed": seed, **kw})
+    state = decoder.start(decoder.tokenizer.encode("Answer in JSON:"), params, constraint)
+    decoder.run(state)
+    return state
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_random_models_always_produce_valid_json(decoders, tok, mode, name):
+    schema = SCHEMAS[name]
+    for seed in range(3):
+        c = json_schema_constraint(schema, tok)
+        state = _decode(decoders[mode], c, seed)
+        text, value = constrained_text(state, tok)
+        assert state.finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), schema)
+        assert value == json.loads(text)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_aggressive_policies_and_self_correction_stay_valid(decoders, tok, mode):
+    """threshold 0 commits every position in one step (joint feasibility), self-correction revises."""
+    schema = SCHEMAS["nested_arrays_enums"]
+    variants = [
+        {"threshold": 0.0},
+        {"policy": "low_confidence", "steps_per_block": 2},
+        {"policy": "margin", "margin": 0.0, "remask_threshold": 0.5, "edit_threshold": 0.1},
+        {"temperature": 0.0},
+    ]
+    for i, kw in enumerate(variants):
+        c = json_schema_constraint(schema, tok)
+        state = _decode(decoders[mode], c, seed=10 + i, max_tokens=150, **kw)
+        text, _ = constrained_text(state, tok)
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_batched_steps_with_mixed_constraints(decoders, tok):
+    """The engine path: one Decoder.step over several constrained and free states."""
+    dec = decoders["block_causal"]
+    schema = SCHEMAS["flat"]
+    states = [dec.start(tok.encode("x"), SamplingParams(max_tokens=80, temperature=1.0, seed=s),
+                        json_schema_constraint(schema, tok) if s % 2 == 0 else None) for s in range(4)]
+    while not all(s.finished for s in states):
+        dec.step(states)
+    for s in states[::2]:
+        jsonschema.validate(json.loads(tok.decode(s.answer_ids)), schema)
+
+
+def test_skeleton_is_pinned_and_saves_forwards(decoders, tok):
+    from types import SimpleNamespace
+
+    from quicksilver.structured import compare_pinned_vs_free
+
+    loaded = SimpleNamespace(model=decoders["causal"].model, tokenizer=tok, defaults=SamplingParams())
+    schema = SCHEMAS["flat"]
+    row = compare_pinned_vs_free(loaded, schema, "Describe a person", max_tokens=80, chat=False)
+    assert row["pinned"]["valid"]
+    # a causal model spends one forward per free token: pinned tokens cost none
+    assert row["free"]["forwards"] == row["answer_tokens"]
+    assert row["pinned"]["forwards"] == row["slot_tokens"]
+    assert row["pinned"]["forwards"] < row["free"]["forwards"]
+    text = json_schema_constraint(schema, tok)
+    state = decoders["causal"].start(tok.encode("x"), SamplingParams(max_tokens=80), text)
+    head = tok.encode('{"name": "')
+    pl = state.prompt_len
+    assert state.tokens[pl : pl + len(head)].tolist() == head  # pinned before any forward
+    assert bool(state.fixed[pl : pl + len(head)].all()) and state.stats.forwards == 0
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+        "required": ["city", "unit", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}},
+    {"type": "function", "function": {"name": "ping"}},
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tool_choice_required_and_named_give_valid_calls(decoders, tok, mode):
+    seen = set()
+    for seed in range(4):
+        c = tool_call_constraint(TOOLS, "required", tok)
+        state = _decode(decoders[mode], c, seed)
+        text, calls = constrained_text(state, tok)
+        assert tok.decode(state.answer_ids, skip_special_tokens=False).startswith("<|tool_calls|>")
+        assert parse_tool_calls(text, TOOLS) == calls
+        assert len(calls) == 1
+        seen.add(calls[0]["name"])
+    assert seen <= {"get_weather", "add", "ping"}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    state = _decode(decoders[mode], tool_call_constraint(TOOLS, named, tok), 7)
+    _, calls = constrained_text(state, tok)
+    assert calls[0]["name"] == "get_weather"
+    jsonschema.validate(calls[0]["arguments"], TOOLS[0]["function"]["parameters"])
+
+
+def test_tool_choice_none_auto_and_bad_input(tok):
+    assert tool_call_constraint(TOOLS, "none", tok) is None
+    assert tool_call_constraint(TOOLS, "auto", tok) is None
+    with pytest.raises(ValueError, match="not among the tools"):
+        tool_call_constraint(TOOLS, {"type": "function", "function": {"name": "nope"}}, tok)
+    with pytest.raises(ValueError, match="tool_choice"):
+        tool_call_constraint(TOOLS, "sometimes", tok)
+    with pytest.raises(ValueError, match="tools"):
+        tool_call_constraint([{"type": "function"}], "required", tok)
+
+
+def test_parse_tool_calls():
+    good = '<|tool_calls|>[{"name": "add", "arguments": {"a": 1, "b": 2.5}}]'
+    assert parse_tool_calls(good, TOOLS) == [{"name": "add", "arguments": {"a": 1, "b": 2.5}}]
+    assert parse_tool_calls('[{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}]', TOOLS) == [
+        {"name": "add", "arguments": {"a": 1, "b": 2}}]
+    assert parse_tool_calls("The weather is nice.", TOOLS) is None
+    assert parse_tool_calls('[{"name": "add", "arguments": {"a": "x", "b": 1}}]', TOOLS) is None  # bad type
+    assert parse_tool_calls('[{"name": "rm_rf", "arguments": {}}]', TOOLS) is None  # unknown tool
+    assert parse_tool_calls('[{"name": "add", "arguments": {"a": 1', TOOLS) is None  # truncated
+
+
+@pytest.mark.parametrize("schema, feature", [
+    ({"type": "string", "pattern": "^a+$"}, "pattern"),
+    ({"type": "integer", "multipleOf": 3}, "multipleOf"),
+    ({"not": {"type": "null"}}, "not"),
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}}, {"type": "array"}]}, "oneOf"),
+    ({"type": ["string", "null"], "maxLength": 4}, "length bounds"),
+    ({"type": "string", "format": "email"}, "format"),
+    ({"type": "object", "properties": {}, "required": ["ghost"]}, "ghost"),
+    ({"$ref": "https://example.com/s.json"}, "local"),
+    ({"type": "integer", "minimum": 5, "maximum": 4}, "no value"),
+    ({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"},
+     "recursive|deeper"),
+])
+def test_unsupported_schemas_raise(tok, schema, feature):
+    with pytest.raises(UnsupportedSchema, match=feature):
+        json_schema_constraint(schema, tok, max_tokens=64)
+
+
+def test_format_is_an_annotation_when_not_strict(tok):
+    c = json_schema_constraint({"type": "string", "format": "email"}, tok, strict=False, max_tokens=16)
+    assert c.skeleton_length(16) <= 16
+
+
+def test_too_small_canvas_is_a_clear_error(decoders, tok):
+    schema = SCHEMAS["flat"]
+    with pytest.raises(ValueError, match="max_tokens is 10"):
+        json_schema_constraint(schema, tok, max_tokens=10)
+    c = json_schema_constraint(schema, tok)  # no size given: checked when decoding starts
+    with pytest.raises(ValueError, match="max_tokens"):
+        decoders["block_causal"].start(tok.encode("x"), SamplingParams(max_tokens=10), c)
+    with pytest.raises(ValueError, match="max_tokens is too small"):
+        tool_call_constraint(TOOLS[:2], "required", tok, max_tokens=12)
+    with pytest.raises(ValueError, match="stop"):
+        decoders["block_causal"].start(tok.encode("x"), SamplingParams(max_tokens=64, stop=("}",)), c)
+
+
+def test_slots_shrink_to_fit_a_tight_canvas(decoders, tok):
+    schema = SCHEMAS["flat"]
+    c = json_schema_constraint(schema, tok)
+    tight = c.skeleton_length(None) - 8  # unsized layout minus a few tokens: flexible slots give way
+    state = _decode(decoders["bidirectional"], json_schema_constraint(schema, tok, max_tokens=tight), 1,
+                    max_tokens=tight)
+    assert len(state.answer_ids) <= tight
+    jsonschema.validate(json.loads(tok.decode(state.answer_ids)), schema)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_json_object_mode(decoders, tok, mode):
+    for seed, max_tokens in [(0, 40), (1, 12), (2, 6), (3, 2)]:
+        c = json_object_constraint(tok)
+        state = _decode(decoders[mode], c, seed, max_tokens=max_tokens)
+        text, value = constrained_text(state, tok)
+        assert isinstance(json.loads(text), dict)
+        assert len(state.answer_ids) <= max_tokens
+
+
+# -- the value automata themselves ---------------------------------------------------------------------------
+def _accepts(auto, data: bytes) -> bool:
+    s, count = auto.start, 0
+    for b in data:
+        r = auto.step(s, b)
+        if r is None:
+            return False
+        s, count = r[0], count + r[1]
+    if not auto.accept(s):
+        return False
+    return not auto.counted or (count >= auto.count_min and (auto.count_max is None or count <= auto.count_max))
+
+
+@pytest.mark.parametrize("integer, lo, hi, lo_x, hi_x", [
+    (False, None, None, False, False), (True, "-5", "12", False, False), (False, "0", "1", False, True),
+    (False, "-2.5", "3.75", True, False), (False, None, "-0.5", False, False), (True, "100", "1000", False, False),
+    (False, "0.25", "0.25", False, False), (False, "-1", "0", False, True), (True, "3", None, True, False),
+])
+def test_number_automaton_agrees_with_json_and_bounds(integer, lo, hi, lo_x, hi_x):
+    auto = V.number(integer, lo, hi, lo_x, hi_x)
+    rng = random.Random(0)
+    for _ in range(1500):
+        text = "".join(rng.choice("-0123456789.e+") for _ in range(rng.randint(1, 5)))
+        try:
+            value = json.loads(text)
+            ok = isinstance(value, int if integer else (int, float))
+        except ValueError:
+            ok = False
+        if ok:
+            d = Decimal(text)
+            bounded = lo is not None or hi is not None
+            ok = not (lo is not None and (d < Decimal(lo) or (lo_x and d == Decimal(lo))))
+            ok = ok and not (hi is not None and (d > Decimal(hi) or (hi_x and d == Decimal(hi))))
+            if text.startswith("-") and d == 0:
+                continue  # "-0" may be accepted or not: never needed
+            if bounded and "e" in text:
+                assert not _accepts(auto, text.encode())  # bounded numbers are written without exponent
+                continue
+        assert _accepts(auto, text.encode()) == ok, text
+
+
+def test_string_automaton():
+    plain = V.string_content()
+    for text, ok in [(b"abc", True), (b'a"b', False), (b'a\\"b', True), (b"\\u00e9", True), (b"\\ud83d", False),
+                     ("é".encode(), True), (b"\xc3", False), (b"\n", False), (b"\\x", False), (b"", True)]:
+        assert _accepts(plain, text) == ok, text
+    bounded = V.string_content(2, 3)
+    for text in [b"a", b"ab", b"\\n\\t", b"abcd", "éé".encode(), "éééé".encode(), b"\\u0041bc"]:
+        assert _accepts(bounded, text) == (2 <= len(json.loads(b'"' + text + b'"')) <= 3), text
