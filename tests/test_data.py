@@ -93,3 +93,12 @@ def test_bad_mixture_is_rejected():
         resolve_mix({"no_such_task": 1.0})
     with pytest.raises(ValueError):
         resolve_mix({"json": 0})
+
+
+def test_fim_code_samples_use_fim_tokens(fake_corpus):
+    tok = tiny_tokenizer()
+    s = sample_at(tok, 1, 0, resolve_mix({"fim_code": 1}))
+    prompt = tok.decode(s.prompt_ids, skip_special_tokens=False)
+    assert s.source == "fim:stdlib_code"
+    assert prompt.startswith("<|fim_prefix|>") and prompt.endswith("<|fim_middle|>") and "<|fim_suffix|>" in prompt
+    assert s.response_ids[-1] == tok.eos_id and len(s.response_ids) > 1

@@ -15,7 +15,8 @@ from quicksilver.tokenizer import Tokenizer
 MAX_LEN = 256  # prompt + response tokens; longer samples are regenerated
 
 # Default weights. Task names come from quicksilver.tasks.TASKS; "text" and "code_text" are prompt-less chunks
-# of the offline corpus (prose and Python source). Tool calls and JSON weigh most: the product needs them.
+# of the offline corpus (prose and Python source); "fim_code" is fill-in-the-middle on real Python source.
+# Tool calls and JSON weigh most: the product needs them.
 DEFAULT_MIX: dict[str, float] = {
     "tool_call": 0.14,
     "tool_answer": 0.06,
@@ -28,8 +29,10 @@ DEFAULT_MIX: dict[str, float] = {
     "code": 0.05,
     "infill": 0.04,
     "text": 0.16,
-    "code_text": 0.08,
+    "code_text": 0.05,
+    "fim_code": 0.03,
 }
+CORPUS_KINDS = ("text", "code_text", "fim_code")
 TEXT_SOURCES = {"python_docs": 0.4, "docstrings": 0.2, "gcide": 0.2, "fortunes": 0.2}
 CODE_SOURCES = {"stdlib_code": 1.0}
 CHUNK_CHARS = 1600  # enough characters for ~256 tokens of prose with a 4k BPE
@@ -47,7 +50,7 @@ def resolve_mix(mix: dict[str, float] | None) -> dict[str, float]:
     from the default mixture only."""
     from quicksilver.tasks import TASKS
 
-    known = set(TASKS) | {"text", "code_text"}
+    known = set(TASKS) | set(CORPUS_KINDS)
     if mix is None:
         mix = {k: v for k, v in DEFAULT_MIX.items() if k in known}
     unknown = sorted(set(mix) - known)
@@ -81,6 +84,17 @@ def text_chunk(rng: random.Random, docs: list[str], chars: int = CHUNK_CHARS) ->
     return text
 
 
+def fim_split(rng: random.Random, code: str) -> tuple[str, str, str]:
+    """(prefix, middle, suffix) at line boundaries; the middle is 1-4 whole lines."""
+    lines = code.split("\n")
+    start = rng.randrange(1, max(2, len(lines) - 1))
+    end = min(len(lines), start + rng.randint(1, 4))
+    prefix = "\n".join(lines[:start]) + "\n"
+    middle = "\n".join(lines[start:end])
+    suffix = ("\n" + "\n".join(lines[end:])) if end < len(lines) else ""
+    return prefix, middle, suffix
+
+
 def _corpus_sample(rng: random.Random, tokenizer: Tokenizer, kind: str, max_len: int) -> Sample | None:
     from quicksilver.data.corpus import load_corpus
 
@@ -90,6 +104,18 @@ def _corpus_sample(rng: random.Random, tokenizer: Tokenizer, kind: str, max_len:
     if not weights:
         return None
     source = _weighted(rng, weights)
+    if kind == "fim_code":
+        from quicksilver.tasks.infilling import fim_prompt
+
+        for _ in range(10):
+            prefix, middle, suffix = fim_split(rng, text_chunk(rng, corpus[source], chars=700))
+            if not middle.strip():
+                continue
+            prompt_ids = tokenizer.encode(fim_prompt(prefix, suffix))
+            response_ids = tokenizer.encode(middle) + [tokenizer.eos_id]
+            if len(prompt_ids) + len(response_ids) <= max_len:
+                return Sample(prompt_ids, response_ids, f"fim:{source}")
+        return None
     ids = tokenizer.encode(text_chunk(rng, corpus[source]))[:max_len]
     return Sample([], ids, source)
 
@@ -105,12 +131,12 @@ def sample_at(tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float]
     """Sample ``index`` of the stream: a function of (seed, index) only (given the corpus and code)."""
     rng = random.Random(f"{seed}:{index}")
     name = _weighted(rng, mix)
-    if name in ("text", "code_text"):
+    if name in CORPUS_KINDS:
         sample = _corpus_sample(rng, tokenizer, name, max_len)
         if sample is not None:
             return sample
         # corpus absent on this machine: fall back to the tasks of the mixture
-        tasks = {k: v for k, v in mix.items() if k not in ("text", "code_text")}
+        tasks = {k: v for k, v in mix.items() if k not in CORPUS_KINDS}
         if not tasks:
             raise RuntimeError("the mixture has only corpus text and no corpus is available")
         name = _weighted(rng, tasks)

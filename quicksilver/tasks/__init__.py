@@ -19,8 +19,16 @@ from quicksilver.tasks.tool_use import ToolAnswer, ToolCall
 TASKS: dict[str, Task] = {
     t.name: t
     for t in (
-        ToolCall(), ToolAnswer(), JsonExtraction(), Arithmetic(), WordProblem(), Countdown(), Sudoku(),
-        RetrievalQA(), CodeSynthesis(), Infilling(),
+        ToolCall(),
+        ToolAnswer(),
+        JsonExtraction(),
+        Arithmetic(),
+        WordProblem(),
+        Countdown(),
+        Sudoku(),
+        RetrievalQA(),
+        CodeSynthesis(),
+        Infilling(),
     )
 }
 

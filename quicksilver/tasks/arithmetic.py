@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import re
 
-from quicksilver.tasks.base import Example, Split, Task, check_split, history_turns, pick, system_turn
+from quicksilver.tasks.base import Example, Split, Task, check_split, history_turns, pick, system_turn, user_turn
 
 _ANSWER = re.compile(r"answer\s*(?:is)?\s*[:=]?\s*(-?\d+)", re.I)
 _INT = re.compile(r"-?\d+")
@@ -82,7 +82,7 @@ class Arithmetic(Task):
         ask = pick(rng, _EXPR_ASKS, split).format(e=expr)
         answer = "\n".join(steps) + f"\nAnswer: {value}" if len(steps) > 1 else f"{steps[0]}\nAnswer: {value}"
         messages = system_turn(rng, split, _MATH_SYSTEMS) + history_turns(rng, split)
-        messages.append({"role": "user", "content": ask})
+        messages.append(user_turn(rng, split, ask))
         return Example(self.name, messages, {"role": "assistant", "content": answer}, value)
 
     def verify(self, example: Example, output: str) -> bool:
@@ -170,7 +170,7 @@ class WordProblem(Task):
         ask = pick(rng, _WP_FRAMES, split).format(story=story, q=q)
         answer = "\n".join(steps) + f"\nAnswer: {value}"
         messages = system_turn(rng, split, _MATH_SYSTEMS) + history_turns(rng, split)
-        messages.append({"role": "user", "content": ask})
+        messages.append(user_turn(rng, split, ask))
         return Example(self.name, messages, {"role": "assistant", "content": answer}, value)
 
     def verify(self, example: Example, output: str) -> bool:

@@ -120,6 +120,33 @@ def history_turns(rng: random.Random, split: Split, p: float = 0.2) -> list[dict
     return [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
 
 
+# Openers people put in front of a request; some are held out for eval like every other phrasing list.
+OPENERS: tuple[str, ...] = (
+    "Please help: ",
+    "Hey, ",
+    "Quick question. ",
+    "Hi! ",
+    "I was wondering: ",
+    "Can you help? ",
+    "Hello. ",
+    "Ok so ",
+    "Question: ",
+    "Urgent: ",
+    "Hi, I need this: ",
+    "Help me out. ",
+)
+
+
+def user_turn(rng: random.Random, split: Split, text: str) -> dict[str, str]:
+    """A user message with light surface variation (an opener, a dropped final punctuation mark) so the model
+    does not tie a task to one exact wording. Values inside the text are never touched."""
+    if rng.random() < 0.25:
+        text = pick(rng, OPENERS, split) + text
+    if rng.random() < 0.2 and text[-1:] in ".?!":
+        text = text[:-1]
+    return {"role": "user", "content": text}
+
+
 def render(example: Example, tokenizer: Tokenizer) -> tuple[str, str]:
     """(prompt text, response text) exactly as the chat template renders them; the response ends with EOS."""
     if not example.is_chat:

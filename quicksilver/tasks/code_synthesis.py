@@ -20,6 +20,7 @@ from quicksilver.tasks.base import (
     pick,
     strip_fences,
     system_turn,
+    user_turn,
 )
 
 RUN_TIMEOUT_S = 5.0
@@ -257,7 +258,7 @@ class CodeSynthesis(Task):
         ask = pick(rng, _ASKS, split).format(sig=sig, name=name, params=spec.params, doc=doc)
         code = f"def {sig}:\n" + spec.body.format(**consts)
         messages = system_turn(rng, split, _CODE_SYSTEMS) + history_turns(rng, split, p=0.1)
-        messages.append({"role": "user", "content": ask})
+        messages.append(user_turn(rng, split, ask))
         return Example(self.name, messages, {"role": "assistant", "content": code}, {"tests": tests})
 
     def verify(self, example: Example, output: str) -> bool:

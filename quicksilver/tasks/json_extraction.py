@@ -22,6 +22,7 @@ from quicksilver.tasks.base import (
     pick,
     strip_fences,
     system_turn,
+    user_turn,
 )
 from quicksilver.tasks.tool_use import CITIES
 
@@ -267,7 +268,7 @@ class JsonExtraction(Task):
         schema_text = json.dumps(rec.schema)
         ask = pick(rng, _ASKS, split).format(schema=schema_text, text=text)
         messages = system_turn(rng, split, _JSON_SYSTEMS) + history_turns(rng, split)
-        messages.append({"role": "user", "content": ask})
+        messages.append(user_turn(rng, split, ask))
         return Example(
             self.name,
             messages,

@@ -11,7 +11,17 @@ import random
 import re
 from collections import Counter
 
-from quicksilver.tasks.base import Example, Split, Task, check_split, clean_output, history_turns, pick, system_turn
+from quicksilver.tasks.base import (
+    Example,
+    Split,
+    Task,
+    check_split,
+    clean_output,
+    history_turns,
+    pick,
+    system_turn,
+    user_turn,
+)
 
 _EQUATION = re.compile(r"(\d+)\s*([-+*/x×÷])\s*(\d+)\s*=\s*(\d+)")
 _OPS = {"+": "+", "-": "-", "*": "*", "x": "*", "×": "*", "/": "/", "÷": "/"}
@@ -65,7 +75,7 @@ class Countdown(Task):
         nums_text = ", ".join(map(str, nums))
         ask = pick(rng, _CD_ASKS, split).format(nums=nums_text, target=acc)
         messages = system_turn(rng, split, _PLAN_SYSTEMS) + history_turns(rng, split, p=0.1)
-        messages.append({"role": "user", "content": ask})
+        messages.append(user_turn(rng, split, ask))
         return Example(
             self.name, messages, {"role": "assistant", "content": ",".join(steps)}, {"numbers": nums, "target": acc}
         )
@@ -200,7 +210,7 @@ class Sudoku(Task):
                 puzzle[r][c] = keep
         ask = pick(rng, _SUDOKU_ASKS, split).format(board=format_board(puzzle))
         messages = system_turn(rng, split, _PLAN_SYSTEMS) + history_turns(rng, split, p=0.1)
-        messages.append({"role": "user", "content": ask})
+        messages.append(user_turn(rng, split, ask))
         return Example(
             self.name,
             messages,

@@ -6,7 +6,17 @@ from __future__ import annotations
 import random
 import re
 
-from quicksilver.tasks.base import Example, Split, Task, check_split, clean_output, history_turns, pick, system_turn
+from quicksilver.tasks.base import (
+    Example,
+    Split,
+    Task,
+    check_split,
+    clean_output,
+    history_turns,
+    pick,
+    system_turn,
+    user_turn,
+)
 
 _SYLLABLES = ("var", "nol", "ket", "ami", "dor", "bel", "sun", "tor", "ela", "mir", "kas", "ond", "ru", "vel", "zan")
 _RIVERS = ("Esk", "Marrow", "Tell", "Oxbow", "Silver", "Lune", "Brack", "Wend")
@@ -148,7 +158,7 @@ class RetrievalQA(Task):
         q = pick(rng, _FACTS[key][1], split).format(e=e)
         ask = pick(rng, _ASKS, split).format(passages="\n".join(passages), q=q)
         messages = system_turn(rng, split, _RAG_SYSTEMS, p_none=0.2) + history_turns(rng, split, p=0.1)
-        messages.append({"role": "user", "content": ask})
+        messages.append(user_turn(rng, split, ask))
         text = rng.choice(_ANSWERS).format(a=answer) if answer else rng.choice(NOT_FOUND_ANSWERS)
         return Example(self.name, messages, {"role": "assistant", "content": text}, answer)
 

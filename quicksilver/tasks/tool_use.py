@@ -10,13 +10,24 @@ Two graded tasks share one generator:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from quicksilver.tasks.base import Example, Split, Task, check_split, clean_output, history_turns, pick, system_turn
+from quicksilver.tasks.base import (
+    Example,
+    Split,
+    Task,
+    check_split,
+    clean_output,
+    history_turns,
+    pick,
+    system_turn,
+    user_turn,
+)
 from quicksilver.tokenizer import TOOL_CALLS
 
 CITIES = (
@@ -371,6 +382,70 @@ TOOLS: tuple[ToolSpec, ...] = (
         ("definition",),
     ),
 )
+# More wordings per tool (appended, so every 4th one overall is still held out for eval).
+_MORE_ASKS: dict[str, tuple[str, ...]] = {
+    "get_weather": (
+        "Forecast check for {city}{unit_text}?",
+        "Should I pack sunglasses for {city}? What's it like there{unit_text}?",
+        "Current conditions in {city}{unit_text}",
+        "Tell me how the weather is in {city}{unit_text}.",
+    ),
+    "convert_currency": (
+        "If I change {amount} {from_currency} to {to_currency}, what do I get?",
+        "{from_currency} {amount} in {to_currency}?",
+        "Convert this: {amount} {from_currency}, target currency {to_currency}.",
+        "Rate question: {amount} {from_currency} into {to_currency}.",
+    ),
+    "set_timer": (
+        "Timer for {minutes} minutes please.",
+        "Count {minutes} minutes for me.",
+        "Start counting down {minutes} minutes.",
+        "Let me know in {minutes} minutes.",
+    ),
+    "send_email": (
+        "Email to {to} - subject {subject}",
+        "Shoot an email to {to} with subject {subject}",
+        "Compose an email for {to}, the subject is {subject}",
+        "Send mail: to {to}, subject {subject}",
+    ),
+    "get_stock_price": (
+        "How is {symbol} doing on the market?",
+        "Price of {symbol} stock right now?",
+        "Fetch the {symbol} share price.",
+        "What does {symbol} cost per share?",
+    ),
+    "translate": (
+        "Translate to {target_language}: {text}",
+        "Turn {text} into {target_language}.",
+        "In {target_language}, how would I say {text}?",
+        "{text} - translate that into {target_language}.",
+    ),
+    "create_reminder": (
+        "Remind me at {time} to {task}.",
+        "Please remind me to {task}, time {time}.",
+        "Make a reminder for {time}: {task}",
+        "I need a reminder at {time} to {task}.",
+    ),
+    "get_time": (
+        "Local time in {city}?",
+        "Time check for {city}.",
+        "Do you know what time it is in {city}?",
+        "What is the current time in {city}?",
+    ),
+    "book_table": (
+        "Reserve a table at {restaurant} for {people} at {time}.",
+        "Book {restaurant}, {people} people, at {time}.",
+        "We need a table for {people} at {restaurant} around {time}.",
+        "Can I book {restaurant} at {time} for {people}?",
+    ),
+    "define_word": (
+        "Whats the meaning of {word}?",
+        "Tell me what {word} means.",
+        "Dictionary lookup: {word}",
+        "Could you define the word {word}?",
+    ),
+}
+TOOLS = tuple(dataclasses.replace(t, asks=t.asks + _MORE_ASKS.get(t.name, ())) for t in TOOLS)
 TOOLS_BY_NAME = {t.name: t for t in TOOLS}
 
 _TOOL_SYSTEMS = (
@@ -381,18 +456,37 @@ _TOOL_SYSTEMS = (
 )
 
 
+def _exchange(rng: random.Random, split: Split, spec: ToolSpec) -> tuple[str, dict, dict]:
+    """(user request, arguments, tool result) for one use of ``spec``."""
+    args = spec.make_args(rng)
+    ask = pick(rng, spec.asks, split).format(**args, unit_text=_unit_text(args))
+    return ask, args, spec.make_result(rng, args)
+
+
+def _earlier_tool_turns(rng: random.Random, split: Split, spec: ToolSpec) -> list[dict]:
+    """A finished earlier tool exchange: request, call, result, answer (multi-turn tool chats)."""
+    ask, args, result = _exchange(rng, split, spec)
+    return [
+        user_turn(rng, split, ask),
+        {"role": "assistant", "content": "", "tool_calls": [{"name": spec.name, "arguments": args}]},
+        {"role": "tool", "content": json.dumps(result)},
+        {"role": "assistant", "content": rng.choice(spec.answers).format(**{**args, **result})},
+    ]
+
+
 def _scenario(rng: random.Random, split: Split) -> tuple[list[dict], list[dict], ToolSpec, dict, dict]:
     """(messages up to the user turn, tool list, chosen tool, arguments, tool result)."""
     spec = rng.choice(TOOLS)
     others = [t for t in TOOLS if t is not spec]
     offered = [spec, *rng.sample(others, rng.choice((0, 1, 1, 2)))]  # short lists: 256-token budget
     rng.shuffle(offered)
-    args = spec.make_args(rng)
-    slots = {**args, "unit_text": _unit_text(args)}
-    ask = pick(rng, spec.asks, split).format(**slots)
-    messages = system_turn(rng, split, _TOOL_SYSTEMS, p_none=0.4) + history_turns(rng, split)
-    messages.append({"role": "user", "content": ask})
-    result = spec.make_result(rng, args)
+    messages = system_turn(rng, split, _TOOL_SYSTEMS, p_none=0.4)
+    if rng.random() < 0.15:  # the chat already used a tool (maybe the same one) for an earlier request
+        messages += _earlier_tool_turns(rng, split, rng.choice(offered))
+    else:
+        messages += history_turns(rng, split)
+    ask, args, result = _exchange(rng, split, spec)
+    messages.append(user_turn(rng, split, ask))
     return messages, [t.schema() for t in offered], spec, args, result
 
 
@@ -409,8 +503,14 @@ def parse_tool_calls(text: str) -> list[dict] | None:
 
 
 _NO_TOOL_ASKS = (
-    "What is {a} + {b}?", "Quick one: {a} plus {b}?", "Add {a} and {b} for me.", "How much is {a} + {b}?",
-    "Sum of {a} and {b}?", "{a} + {b} = ?", "What do {a} and {b} add up to?", "Please add {a} to {b}.",
+    "What is {a} + {b}?",
+    "Quick one: {a} plus {b}?",
+    "Add {a} and {b} for me.",
+    "How much is {a} + {b}?",
+    "Sum of {a} and {b}?",
+    "{a} + {b} = ?",
+    "What do {a} and {b} add up to?",
+    "Please add {a} to {b}.",
 )
 NO_TOOL_RATE = 0.1  # share of tool_call examples where no offered tool fits and the assistant answers directly
 
