@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 from quicksilver.families.base import QWEN_SPLIT_PATTERN
@@ -45,6 +45,7 @@ QWEN_STYLE = {"dream", "sdar", "fast_dllm_v2"}
 def _tokenizer(family: str) -> HFTokenizer:
     backend = HFTokenizer(models.BPE())
     if family in QWEN_STYLE:
+        backend.normalizer = normalizers.NFC()
         backend.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),

@@ -353,3 +353,15 @@ def test_unsupported_and_mismatched_checkpoints_fail_clearly(replica_root, tmp_p
     save_file(state, str(bad / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing tensors \['layers.1.self_attn.k_norm.weight'\]"):
         load_family(bad, quiet=True)
+
+
+def test_tokenizer_from_vocab_and_merges_matches_the_original(fp32_models):
+    """Dream ships vocab.json + merges.txt only; the tokenizer we rebuild must split text exactly as the
+    tokenizer the files were written from (special tokens included)."""
+    from tests.replicas import _tokenizer
+
+    original = _tokenizer("dream")
+    ours = fp32_models["dream"].tokenizer
+    text = "<|im_start|>user\nJanet's ducks lay 16 eggs!  Don't they?\n<|im_end|>\n<|mask|><|mask|>"
+    assert ours.encode(text) == original.encode(text, add_special_tokens=False).ids
+    assert ours.decode(ours.encode("Hello world, 42 ducks."), skip_special_tokens=True) == "Hello world, 42 ducks."

@@ -58,11 +58,12 @@ def as_id_list(value: Any) -> list[int]:
 
 def _bpe_from_vocab_merges(folder: Path):
     """A Qwen-style byte-level BPE built from vocab.json + merges.txt (no tokenizer.json in the folder)."""
-    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
 
     bpe = models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"))
     backend = HFTokenizer(bpe)
+    backend.normalizer = normalizers.NFC()  # as in Qwen2's own tokenizer.json
     backend.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),

@@ -40,4 +40,7 @@ class Dream(Family):
 
     def defaults(self, cfg: ModelConfig) -> SamplingParams:
         # Fast-dLLM's Dream setting: confidence threshold 0.9 over 32-token blocks with a prefix cache
-        return SamplingParams(max_tokens=256, temperature=0.0, policy="threshold", threshold=0.9, block_size=32)
+        # the model sees the rest of the canvas as masks (lookahead), as in the reference sampler whose canvas is
+        # the whole answer; with the lookahead "auto" picks Fast-dLLM's dual cache
+        return SamplingParams(max_tokens=256, temperature=0.0, policy="threshold", threshold=0.9, block_size=32,
+                              lookahead=256 - 32)

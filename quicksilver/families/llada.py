@@ -79,4 +79,7 @@ class LLaDA(Family):
     def defaults(self, cfg: ModelConfig) -> SamplingParams:
         # LLaDA's own sampler is semi-autoregressive with 32-token blocks; Fast-dLLM's threshold rule (0.9)
         # with a prefix cache is its fast setting
-        return SamplingParams(max_tokens=256, temperature=0.0, policy="threshold", threshold=0.9, block_size=32)
+        # the model sees the rest of the canvas as masks (lookahead), as in the reference sampler whose canvas is
+        # the whole answer; with the lookahead "auto" picks Fast-dLLM's dual cache
+        return SamplingParams(max_tokens=256, temperature=0.0, policy="threshold", threshold=0.9, block_size=32,
+                              lookahead=256 - 32)
