@@ -97,7 +97,7 @@ def test_bad_mixture_is_rejected():
 
 def test_fim_code_samples_use_fim_tokens(fake_corpus):
     tok = tiny_tokenizer()
-    s = sample_at(tok, 1, 0, resolve_mix({"fim_code": 1}))
+    s = sample_at(tok, 1, 0, resolve_mix({"fim_code": 1}), max_len=1024)  # the 320-token BPE is verbose
     prompt = tok.decode(s.prompt_ids, skip_special_tokens=False)
     assert s.source == "fim:stdlib_code"
     assert prompt.startswith("<|fim_prefix|>") and prompt.endswith("<|fim_middle|>") and "<|fim_suffix|>" in prompt

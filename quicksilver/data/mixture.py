@@ -138,7 +138,7 @@ def sample_at(tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float]
         # corpus absent on this machine: fall back to the tasks of the mixture
         tasks = {k: v for k, v in mix.items() if k not in CORPUS_KINDS}
         if not tasks:
-            raise RuntimeError("the mixture has only corpus text and no corpus is available")
+            raise RuntimeError("the mixture has only corpus entries and none gave a sample (corpus absent?)")
         name = _weighted(rng, tasks)
     for _ in range(50):  # regenerate the same task until it fits, so the mixture weights hold
         sample = task_sample(rng, tokenizer, name)
