@@ -264,12 +264,13 @@ def test_chat_template_renders_as_the_family_does(fp32_models, family):
     assert tok.token_id(marker) in tok.encode(only_user)
 
 
-def _decode_checked(folder: Path, family: str, loaded, params):
+def _decode_checked(folder: Path, family: str, loaded, params, prompt: list[int] | None = None):
     """Decode step by step; check every newly committed token against the reference logits of the canvas the
     step saw (shifted by one for token-shift families). Returns the answer ids."""
     cfg = loaded.model.config
     decoder = Decoder(loaded.model, loaded.tokenizer, params)
-    prompt = loaded.tokenizer.encode(loaded.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]))
+    if prompt is None:
+        prompt = loaded.tokenizer.encode(loaded.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]))
     state = decoder.start(prompt, params)
     s, c = hf_state(folder), json.loads((folder / "config.json").read_text())
     while not state.finished:
@@ -309,6 +310,20 @@ def test_decoding_follows_the_reference_and_caches_agree(replica_root, fp32_mode
             result = Decoder(loaded.model, loaded.tokenizer).generate(
                 "Hi", params.replace(cache=cache, lookahead=lookahead))
             assert len(result.token_ids) == 20 and result.stats.forwards >= 20 / params.block_size
+
+
+@pytest.mark.parametrize("family", ["fast_dllm_v2", "sdar", "dream"])
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_prompts_ending_at_and_around_a_model_block_boundary(replica_root, fp32_models, family, offset):
+    """With token shift the first answer token is predicted from the last prompt position, which for a prompt
+    that fills its block exactly lives in an earlier (cached) block."""
+    loaded = fp32_models[family]
+    length = 2 * loaded.model.config.block_size + offset if family != "dream" else 32 + offset
+    prompt = torch.randint(0, 290, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+    params = loaded.defaults.replace(max_tokens=10, ignore_eos=True, lookahead=0, cache="none")
+    plain = _decode_checked(replica_root / family, family, loaded, params, prompt)
+    if loaded.model.config.attention_mode == "block_causal":
+        assert _decode_checked(replica_root / family, family, loaded, params.replace(cache="auto"), prompt) == plain
 
 
 def test_convert_writes_our_layout_with_the_same_outputs(replica_root, tmp_path, capsys):

@@ -41,8 +41,8 @@ class LLaDA(Family):
 
     def translate(self, hf: dict[str, Any], gen: dict[str, Any], tok: Tokenizer, source: str) -> dict[str, Any]:
         reject(hf.get("block_type", "llama") != "llama", source, f"block_type {hf.get('block_type')!r}")
-        reject(hf.get("activation_type", "silu") not in ("silu", "swiglu"), source,
-               f"activation_type {hf.get('activation_type')!r}")
+        # "silu" is the gated ff_proj/up_proj MLP of the released models; OLMo's "swiglu" splits one projection
+        reject(hf.get("activation_type", "silu") != "silu", source, f"activation_type {hf.get('activation_type')!r}")
         reject(hf.get("layer_norm_type", "rms") != "rms", source, f"layer_norm_type {hf.get('layer_norm_type')!r}")
         reject(not hf.get("rope", True) or hf.get("alibi", False), source, "position encoding other than RoPE")
         reject(bool(hf.get("include_bias")), source, "include_bias=true (biases on every linear layer)")
