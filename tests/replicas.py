@@ -363,3 +363,35 @@ def hf_state(folder: str | Path) -> dict[str, torch.Tensor]:
     for f in files:
         state.update({k: v.float() for k, v in load_file(str(f)).items()})
     return state
+
+
+def build_sized_llada(folder: str | Path, d_model: int = 1024, n_layers: int = 16, vocab: int = 32000,
+                      shards: int = 4) -> Path:
+    """A larger LLaDA-layout folder (random bf16 weights written shard by shard) for load-memory measurements:
+    ``python -c "from tests.replicas import build_sized_llada; build_sized_llada('/tmp/big')"``."""
+    folder = build_replica("llada", folder)
+    for f in folder.glob("model*.safetensors*"):
+        f.unlink()
+    cfg = json.loads((folder / "config.json").read_text())
+    mlp = int(d_model * 2.75)
+    cfg.update(d_model=d_model, n_layers=n_layers, n_heads=d_model // 64, n_kv_heads=d_model // 64,
+               mlp_hidden_size=mlp, embedding_size=vocab, vocab_size=vocab)
+    _dump(folder, "config.json", cfg)
+    shapes = {"model.transformer.wte.weight": (vocab, d_model), "model.transformer.ln_f.weight": (d_model,),
+              "model.transformer.ff_out.weight": (vocab, d_model)}
+    for i in range(n_layers):
+        p = f"model.transformer.blocks.{i}."
+        shapes.update({p + n: (d_model, d_model) for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                                             "attn_out.weight")})
+        shapes.update({p + "attn_norm.weight": (d_model,), p + "ff_norm.weight": (d_model,),
+                       p + "ff_proj.weight": (mlp, d_model), p + "up_proj.weight": (mlp, d_model),
+                       p + "ff_out.weight": (d_model, mlp)})
+    keys, weight_map, total = sorted(shapes), {}, 0
+    for s in range(shards):
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: (0.02 * torch.randn(shapes[k])).to(torch.bfloat16) for k in keys[s::shards]}
+        save_file(part, str(folder / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, name))
+        total += sum(v.numel() * 2 for v in part.values())
+    _dump(folder, "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    return folder
