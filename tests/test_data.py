@@ -102,3 +102,16 @@ def test_fim_code_samples_use_fim_tokens(fake_corpus):
     assert s.source == "fim:stdlib_code"
     assert prompt.startswith("<|fim_prefix|>") and prompt.endswith("<|fim_middle|>") and "<|fim_suffix|>" in prompt
     assert s.response_ids[-1] == tok.eos_id and len(s.response_ids) > 1
+
+
+def test_stats_and_show_command(fake_corpus, task_tok, capsys):
+    from quicksilver.cli import main
+    from quicksilver.data.stats import corpus_stats, stream_stats
+
+    stats = stream_stats(task_tok, seed=0, n=40)
+    assert sum(v["samples"] for v in stats["per_source"].values()) == 40
+    assert abs(sum(v["token_share"] for v in stats["per_source"].values()) - 1) < 0.01
+    corpus = corpus_stats(task_tok)["sources"]
+    assert corpus["python_docs"]["tokens"] > 0
+    assert main(["data", "show", "--task", "sudoku", "--split", "eval", "--n", "1"]) == 0
+    assert "<|assistant|>" in capsys.readouterr().out

@@ -1,0 +1,93 @@
+"""``quicksilver data``: prepare the offline corpus, build the tokenizer, show samples, write data statistics."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="training data: corpus, tokenizer, samples, statistics")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    prep = actions.add_parser("prepare", help="extract the offline corpus into runs/corpus/")
+    prep.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    tok = actions.add_parser("tokenizer", help="train the BPE tokenizer on corpus + task text")
+    tok.add_argument("--vocab-size", type=int, default=4096)
+    tok.add_argument("--out", required=True, help="folder to save the tokenizer in")
+    show = actions.add_parser("show", help="print samples of the training stream or of a task")
+    show.add_argument("--tokenizer", help="tokenizer folder (default: the small test tokenizer)")
+    show.add_argument("--task", help="show this task's examples instead of the mixed stream")
+    show.add_argument("--split", choices=("train", "eval"), default="train")
+    show.add_argument("--n", type=int, default=3)
+    show.add_argument("--seed", type=int, default=0)
+    stats = actions.add_parser("stats", help="corpus sources, sizes, token counts and stream composition (JSON)")
+    stats.add_argument("--tokenizer", required=True, help="tokenizer folder (a model folder works)")
+    stats.add_argument("--samples", type=int, default=2000, help="stream samples to measure")
+    stats.add_argument("--seed", type=int, default=0)
+    stats.add_argument("--json", dest="json_out", help="write to this file (default: stdout)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    if args.action == "prepare":
+        from quicksilver.data.corpus import CORPUS_DIR, prepare_corpus
+
+        manifest = prepare_corpus(force=args.force)
+        for name, info in manifest["sources"].items():
+            size = f"{info['bytes'] / 1e6:.1f} MB, {info['documents']} documents" if info.get("available") else "absent"
+            print(f"{name:12s} {size}")
+        print(f"corpus in {CORPUS_DIR}", file=sys.stderr)
+        return 0
+    if args.action == "tokenizer":
+        from quicksilver.data import build_tokenizer
+
+        if args.vocab_size < 300:
+            raise ValueError("--vocab-size must be at least 300 (special tokens + byte alphabet)")
+        tok = build_tokenizer(args.vocab_size)
+        tok.save(args.out)
+        print(f"saved a {tok.vocab_size}-token tokenizer to {args.out}")
+        return 0
+    from quicksilver.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else None
+    if args.action == "show":
+        return _show(args, tokenizer)
+    from quicksilver.data.stats import data_card
+
+    card = data_card(tokenizer, seed=args.seed, n=args.samples)
+    text = json.dumps(card, indent=2)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
+        print(f"wrote {args.json_out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def _show(args: argparse.Namespace, tokenizer) -> int:
+    import random
+
+    from quicksilver.testing import tiny_tokenizer
+
+    tok = tokenizer or tiny_tokenizer()
+    if args.task:
+        from quicksilver.tasks import get_task, render
+
+        task = get_task(args.task)
+        for i in range(args.n):
+            prompt, response = render(task.generate(random.Random(f"show:{args.seed}:{i}"), args.split), tok)
+            print(f"--- {args.task} #{i} ({args.split})\n{prompt}\n>>> {response}")
+        return 0
+    from quicksilver.data import sample_at
+    from quicksilver.data.mixture import resolve_mix
+
+    mix = resolve_mix(None)
+    for i in range(args.n):
+        s = sample_at(tok, args.seed, i, mix, max_len=4096 if tokenizer is None else 256)
+        print(f"--- sample {i} [{s.source}] prompt {len(s.prompt_ids)} + response {len(s.response_ids)} tokens")
+        print(tok.decode(s.prompt_ids, skip_special_tokens=False) + "\n>>> " +
+              tok.decode(s.response_ids, skip_special_tokens=False))
+    return 0
