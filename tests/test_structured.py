@@ -321,3 +321,16 @@ def test_string_automaton():
     bounded = V.string_content(2, 3)
     for text in [b"a", b"ab", b"\\n\\t", b"abcd", "éé".encode(), "éééé".encode(), b"\\u0041bc"]:
         assert _accepts(bounded, text) == (2 <= len(json.loads(b'"' + text + b'"')) <= 3), text
+
+
+def test_filler_that_is_a_stop_token_does_not_end_the_answer(tok):
+    """Trained models list the rainbow pads (our slot filler) as stop tokens."""
+    pads = [tok.token_id(f"<|pad_{i}|>") for i in range(8)]
+    dec = Decoder(tiny_model("block_causal", seed=5, stop_token_ids=pads), tok)
+    schema = SCHEMAS["flat"]
+    for seed in range(3):
+        state = _decode(dec, json_schema_constraint(schema, tok), seed)
+        text, _ = constrained_text(state, tok)
+        assert state.finish_reason == "stop"
+        jsonschema.validate(json.loads(text), schema)
+        assert pads[0] in state.answer_ids  # the filler was used and the answer went on past it

@@ -192,18 +192,23 @@ class TokenAutomaton:
     def allowed_columns(self, r: np.ndarray, c_next: np.ndarray) -> np.ndarray:
         """Columns t with some reachable (s, n) and (next[s,t], n + inc[s,t]) co-reachable."""
         allowed = np.zeros(self.next.shape[1], dtype=bool)
-        padded_dead = np.zeros((self.n_states + 1, self.max_inc + 1), dtype=bool)  # row -1 = dead state
+        targets = self._targets  # [width, max_inc + 1] counter after adding k (-1: over the maximum)
+        valid = targets >= 0
+        gathered = c_next[:, np.where(valid, targets, 0)] & valid  # [S, width, K]
         for s in np.nonzero(r.any(axis=1))[0].tolist():
-            table = padded_dead.copy()
-            counts = r[s]
-            for k in range(self.max_inc + 1):
-                tgt = self.add(k)
-                ok = counts & (tgt >= 0)
-                if ok.any():
-                    table[: self.n_states, k] = c_next[:, tgt[ok]].any(axis=1)
+            ok = (gathered & r[s][None, :, None]).any(axis=1)  # [S, K]: target state and increment that fit
+            table = np.vstack([ok, np.zeros((1, ok.shape[1]), dtype=bool)])  # row -1: dead
             nxt = self.next[s]
-            allowed |= table[nxt, np.minimum(self.inc[s], self.max_inc)] & (nxt >= 0)
+            allowed |= table[nxt, self.inc[s]]
         return allowed
+
+    @property
+    def _targets(self) -> np.ndarray:
+        t = getattr(self, "_targets_cache", None)
+        if t is None:
+            t = np.stack([self.add(k) for k in range(self.max_inc + 1)], axis=1)
+            self._targets_cache = t
+        return t
 
 
 class SlotSolver:
@@ -235,7 +240,14 @@ class SlotSolver:
     def masks(self, cols: list[int], wanted: list[int]) -> dict[int, np.ndarray]:
         """Allowed-column masks for the slot offsets in ``wanted`` (all treated as free)."""
         fwd, bwd = self._sweeps(cols)
-        return {i: self.a.allowed_columns(fwd[i], bwd[i + 1]) for i in wanted}
+        out: dict[int, np.ndarray] = {}
+        seen: dict[bytes, np.ndarray] = {}  # inner positions of a slot mostly share their sets
+        for i in wanted:
+            key = fwd[i].tobytes() + bwd[i + 1].tobytes()
+            if key not in seen:
+                seen[key] = self.a.allowed_columns(fwd[i], bwd[i + 1])
+            out[i] = seen[key]
+        return out
 
     def min_length(self, limit: int = 512) -> int | None:
         """Fewest tokens that form an accepted value (None if none within ``limit``)."""

@@ -116,8 +116,6 @@ class StructuredConstraint(Constraint):
         if state.params.stop:
             raise ValueError("stop sequences cannot be combined with structured output (they could cut the JSON)")
         end_ids = tuple(int(x) for x in state.end_ids.tolist())
-        if self.lex.filler_id in end_ids:
-            raise ValueError("the slot filler token is an end token for this model")
         plan = self.plan(state.params.max_tokens, end_ids)
         eos = self.tokenizer.eos_id
         end_id = eos if eos in end_ids else end_ids[0]
@@ -208,6 +206,11 @@ class StructuredConstraint(Constraint):
                 if try_commit(i):
                     out[i] = True
                     break
+        # A filler may be one of the model's end tokens (rainbow pads often are): marking it fixed keeps
+        # the loop from reading it as the end of the answer. Fixed = never revised, as committed slots are.
+        fill = out & (tokens == self.lex.filler_id)
+        if bool(fill.any()):
+            state.fixed[positions[fill]] = True
         if not run.complete:
             self._maybe_expand(state, run, positions, tokens, out)
         return out

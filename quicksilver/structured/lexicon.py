@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quicksilver.tokenizer import RAINBOW_PADS, Tokenizer
+from quicksilver.tokenizer import RAINBOW_PADS, TOOL_CALLS, Tokenizer
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -53,15 +53,15 @@ class Lexicon:
 _cache: weakref.WeakKeyDictionary[Tokenizer, Lexicon] = weakref.WeakKeyDictionary()
 
 
-def lexicon_for(tokenizer: Tokenizer, end_ids: tuple[int, ...] = ()) -> Lexicon:
+def lexicon_for(tokenizer: Tokenizer) -> Lexicon:
     lex = _cache.get(tokenizer)
     if lex is None:
-        lex = _build(tokenizer, end_ids)
+        lex = _build(tokenizer)
         _cache[tokenizer] = lex
     return lex
 
 
-def _build(tokenizer: Tokenizer, end_ids: tuple[int, ...]) -> Lexicon:
+def _build(tokenizer: Tokenizer) -> Lexicon:
     backend = tokenizer.backend
     size = tokenizer.vocab_size
     added = {i: t for i, t in backend.get_added_tokens_decoder().items()}
@@ -99,15 +99,17 @@ def _build(tokenizer: Tokenizer, end_ids: tuple[int, ...]) -> Lexicon:
         if r:
             matrix[i, : len(r)] = np.frombuffer(r, dtype=np.uint8)
             lengths[i] = len(r)
-    return Lexicon(size, matrix, lengths, special, _pick_filler(tokenizer, special, end_ids))
+    return Lexicon(size, matrix, lengths, special, _pick_filler(tokenizer, special))
 
 
-def _pick_filler(tokenizer: Tokenizer, special: np.ndarray, end_ids: tuple[int, ...]) -> int | None:
-    """The slot filler: the first rainbow pad, else any special token that is not an end/mask/pad token.
+def _pick_filler(tokenizer: Tokenizer, special: np.ndarray) -> int | None:
+    """The slot filler: the first rainbow pad, else another special token (not mask/EOS/pad/tool marker).
 
     Special tokens are dropped by ``decode(skip_special_tokens=True)``, so fillers vanish from the text.
     """
-    banned = {tokenizer.mask_id, tokenizer.eos_id, tokenizer.pad_id, *end_ids}
+    # end tokens are fine (the constraint marks committed fillers fixed, so they never end the answer) but
+    # never the mask, EOS, pad or the tool-call marker (servers look for it in the token ids)
+    banned = {tokenizer.mask_id, tokenizer.eos_id, tokenizer.pad_id, tokenizer.token_id(TOOL_CALLS)}
     for name in RAINBOW_PADS:
         tid = tokenizer.token_id(name)
         if tid is not None and tid not in banned:
