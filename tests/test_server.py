@@ -395,9 +395,9 @@ def fake_structured(monkeypatch):
                        '{"name": "get_time", "arguments": {"tz": "CET"}}]',
                "json": '{"city": "Paris", "n": 3}'}
     fake = types.SimpleNamespace(
-        tool_call_constraint=lambda tools, choice, tok: PinText(outputs["tool"], tok).constraint,
-        json_schema_constraint=lambda schema, tok, strict=True: PinText(outputs["json"], tok).constraint,
-        json_object_constraint=lambda tok: PinText(outputs["json"], tok).constraint,
+        tool_call_constraint=lambda tools, choice, tok, max_tokens=None: PinText(outputs["tool"], tok).constraint,
+        json_schema_constraint=lambda schema, tok, **kw: PinText(outputs["json"], tok).constraint,
+        json_object_constraint=lambda tok, max_tokens=None: PinText(outputs["json"], tok).constraint,
     )
     monkeypatch.setattr(server_module, "_structured", lambda: fake)
     return outputs
@@ -531,3 +531,78 @@ def test_shutdown_drains_in_flight_stream(model_dir):
     assert rest[-1] == "data: [DONE]"
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == ["length"]
     assert not thread.is_alive() and not engine_of(app).started
+
+
+# -- the real constraint layer (quicksilver.structured), when installed -----------------------------------
+SCHEMAS = [
+    {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
+     "required": ["city", "n"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                      "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+     "required": ["ok", "tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"kind": {"enum": ["a", "b", "c"]},
+                                      "score": {"type": "number", "minimum": 0, "maximum": 1}},
+     "required": ["kind", "score"], "additionalProperties": False},
+    {"type": "object", "properties": {"inner": {"type": "object", "properties": {"x": {"type": "integer"}},
+                                                "required": ["x"], "additionalProperties": False},
+                                      "note": {"type": ["string", "null"]}},
+     "required": ["inner", "note"], "additionalProperties": False},
+    {"type": "object", "properties": {"items": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
+        "type": "object", "properties": {"id": {"type": "integer", "minimum": 1}}, "required": ["id"],
+        "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False},
+]
+
+
+@pytest.mark.parametrize("index", range(len(SCHEMAS)))
+def test_real_json_schema_outputs_validate(client, index):
+    pytest.importorskip("quicksilver.structured")
+    import jsonschema
+
+    schema = SCHEMAS[index]
+    kwargs = dict(model=MODEL, messages=HI, max_tokens=64, temperature=0.7, seed=index,
+                  response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema,
+                                                                          "strict": True}})
+    if index % 2:
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kwargs, stream=True)
+                       if c.choices)
+    else:
+        text = client.chat.completions.create(**kwargs).choices[0].message.content
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_real_json_object_and_unsupported_schema(client):
+    pytest.importorskip("quicksilver.structured")
+    r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=48,
+                                       response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    recursive = {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]}
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=HI, max_tokens=48, response_format={
+            "type": "json_schema", "json_schema": {"name": "r", "schema": recursive, "strict": True}})
+    assert exc.value.body["param"] == "response_format"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_real_tool_choice_modes(client, choice, stream):
+    pytest.importorskip("quicksilver.structured")
+    import jsonschema
+
+    r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=64, tools=[WEATHER, TIME],
+                                       tool_choice=choice, stream=stream)
+    if stream:
+        chunks = [c for c in r if c.choices]
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        deltas = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        assert finishes == ["tool_calls"] and not any(c.choices[0].delta.content for c in chunks)
+        calls = [(d.function.name, d.function.arguments, d.id) for d in deltas]
+    else:
+        assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+        calls = [(c.function.name, c.function.arguments, c.id) for c in r.choices[0].message.tool_calls]
+    assert calls
+    schemas = {"get_weather": WEATHER, "get_time": TIME}
+    for name, arguments, call_id in calls:
+        assert call_id.startswith("call_")
+        if isinstance(choice, dict):
+            assert name == "get_time"
+        jsonschema.validate(json.loads(arguments), schemas[name]["function"]["parameters"])

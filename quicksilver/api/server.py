@@ -329,7 +329,6 @@ class ChatPlan:
                 raise APIError(400, str(exc), param=exc.param) from None
             self.json_schema = js.schema_
         self.wants_json = self.response_format is not None and self.response_format.type != "text"
-        self.constraint_for = self._constraint_factory(state)
         tools_for_prompt = [t.model_dump(exclude_none=True) for t in self.tools] if self.use_tools else None
         try:
             text = tok.apply_chat_template(messages, tools=tools_for_prompt, add_generation_prompt=True)
@@ -337,7 +336,7 @@ class ChatPlan:
             raise APIError(400, f"the chat template rejected these messages: {exc}", param="messages") from None
         self.prompt_ids = tok.encode(text)
 
-    def _constraint_factory(self, state: ServerState):
+    def constraint_factory(self, state: ServerState, max_tokens: int):
         """A callable making one fresh constraint per choice (constraints may keep per-state data)."""
         if not (self.forced_tools or self.wants_json):
             return None
@@ -352,13 +351,14 @@ class ChatPlan:
                 tools = [t.model_dump(exclude_none=True) for t in self.tools]
                 choice = (self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice)
                           else self.tool_choice)
-                make = lambda: structured.tool_call_constraint(tools, choice, tok)  # noqa: E731
+                make = lambda: structured.tool_call_constraint(tools, choice, tok, max_tokens=max_tokens)  # noqa: E731
             elif self.json_schema is not None:
                 strict = bool(self.response_format.json_schema.strict)
                 schema = self.json_schema
-                make = lambda: structured.json_schema_constraint(schema, tok, strict=strict)  # noqa: E731
+                make = lambda: structured.json_schema_constraint(  # noqa: E731
+                    schema, tok, strict=strict, max_tokens=max_tokens)
             else:
-                make = lambda: structured.json_object_constraint(tok)  # noqa: E731
+                make = lambda: structured.json_object_constraint(tok, max_tokens=max_tokens)  # noqa: E731
             make()  # build once now so an unsupported schema is a 400 before anything is queued
         except ValueError as exc:
             raise APIError(400, f"cannot enforce this schema: {exc}",
@@ -375,7 +375,8 @@ class ChatPlan:
         calls = None
         if structured is not None and hasattr(structured, "parse_tool_calls"):
             try:
-                calls = structured.parse_tool_calls(result.token_ids[cut:], [t.model_dump() for t in self.tools])
+                text = self._tok.decode(result.token_ids[cut:])
+                calls = structured.parse_tool_calls(text, [t.model_dump(exclude_none=True) for t in self.tools])
             except (ValueError, TypeError, KeyError):
                 calls = None
         if calls is None:
@@ -407,6 +408,8 @@ class ChatPlan:
             except json.JSONDecodeError:
                 raise APIError(500, "the model did not produce valid JSON", "server_error",
                                code="server_error") from None
+            if not isinstance(value, dict) and self.json_schema is None:
+                raise APIError(500, "the model did not produce a JSON object", "server_error", code="server_error")
             if self.json_schema is not None:
                 import jsonschema
 
@@ -514,7 +517,8 @@ def create_app(
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = build_params(req, engine.loaded.defaults, len(plan.prompt_ids), engine.context_length,
                               max_tokens, req.reasoning_effort)
-        handles = _submit_all(engine, [plan.prompt_ids], params, req.n, plan.constraint_for, bool(req.diffusing))
+        constraint_for = plan.constraint_factory(state, params.max_tokens)
+        handles = _submit_all(engine, [plan.prompt_ids], params, req.n, constraint_for, bool(req.diffusing))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream:
