@@ -112,11 +112,22 @@ SMALL_TALK: tuple[tuple[str, str], ...] = (
 )
 
 
+_QUICK_MATH = (
+    "What is {a} + {b}?", "{a} plus {b}?", "Add {a} and {b}.", "Quick: {a} + {b}",
+    "What's {a} + {b}?", "Sum {a} and {b}.", "{a} + {b} = ?", "Can you add {a} and {b}?",
+)
+
+
 def history_turns(rng: random.Random, split: Split, p: float = 0.2) -> list[dict]:
-    """With probability ``p``, an earlier user/assistant exchange (multi-turn context)."""
+    """With probability ``p``, an earlier user/assistant exchange (multi-turn context): small talk or a
+    quick sum, so the model learns to answer the LAST user turn."""
     if rng.random() >= p:
         return []
-    user, assistant = pick(rng, SMALL_TALK, split)
+    if rng.random() < 0.6:
+        user, assistant = pick(rng, SMALL_TALK, split)
+    else:
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        user, assistant = pick(rng, _QUICK_MATH, split).format(a=a, b=b), f"{a} + {b} = {a + b}."
     return [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
 
 
