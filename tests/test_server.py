@@ -606,3 +606,66 @@ def test_real_tool_choice_modes(client, choice, stream):
         if isinstance(choice, dict):
             assert name == "get_time"
         jsonschema.validate(json.loads(arguments), schemas[name]["function"]["parameters"])
+
+
+# -- retrieval and embeddings wiring --------------------------------------------------------------------
+def test_retrieval_adds_passages_and_sources(model_dir, monkeypatch):
+    rag_chat = pytest.importorskip("quicksilver.rag.chat")
+    calls = []
+
+    def fake_augment(index_path, messages, k):
+        calls.append((index_path, k))
+        if "fail" in messages[-1]["content"]:
+            raise ValueError("no such index")
+        context = {"role": "system", "content": "Passages: the ferry leaves at nine from pier four."}
+        return [context, *messages], [{"id": 1, "path": "ferry.md", "score": 0.9}]
+
+    monkeypatch.setattr(rag_chat, "augment_messages", fake_augment)
+    app = create_app(load_model(str(model_dir)), served_model_name=MODEL, index_path="docs.sqlite")
+    with live(app) as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        plain = c.chat.completions.create(model=MODEL, messages=HI, max_tokens=4)
+        r = c.chat.completions.create(model=MODEL, messages=HI, max_tokens=4, extra_body={"retrieval": {"k": 2}})
+        assert r.model_extra["sources"] == [{"id": 1, "path": "ferry.md", "score": 0.9}]
+        assert r.usage.prompt_tokens > plain.usage.prompt_tokens  # the passages are in the prompt
+        first = next(iter(c.chat.completions.create(model=MODEL, messages=HI, max_tokens=4, stream=True,
+                                                    extra_body={"retrieval": {"k": 2}})))
+        assert first.model_extra["sources"][0]["path"] == "ferry.md"
+        with pytest.raises(openai.BadRequestError) as exc:
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "fail"}], max_tokens=4,
+                                      extra_body={"retrieval": {"k": 2}})
+        assert "retrieval failed" in exc.value.message
+    assert calls[0] == ("docs.sqlite", 2)
+
+
+def test_embeddings_route_is_mounted_behind_the_key(served):
+    pytest.importorskip("quicksilver.api.embeddings")
+    url, _ = served
+    r = httpx.post(url + "/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": "x"})
+    assert r.status_code == 401 and envelope(r)["code"] == "invalid_api_key"
+    r = httpx.post(url + "/v1/embeddings", json={"input": "x"}, headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 400 and envelope(r)
+
+
+def test_auto_tool_call_in_free_output_becomes_tool_calls(served):
+    """tool_choice auto: a valid <|tool_calls|> answer becomes tool_calls (content before it stays content);
+    an invalid one comes back as plain content."""
+    from quicksilver.api.protocol import ChatCompletionRequest
+    from quicksilver.api.server import ChatPlan
+    from quicksilver.decoding import DecodeStats, GenerationResult
+
+    state = served[1].state.qs
+    tok = state.tokenizer
+    req = ChatCompletionRequest.model_validate({"model": MODEL, "messages": HI, "tools": [WEATHER]})
+    plan = ChatPlan(state, req, [{"role": "user", "content": "hi"}])
+
+    def result(text):
+        ids = tok.encode(text)
+        return GenerationResult(tok.decode(ids), ids, "stop", 3, DecodeStats(tokens=len(ids)))
+
+    fin = plan.finish(result('Let me check.<|tool_calls|>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'))
+    assert fin["finish_reason"] == "tool_calls" and fin["content"] == "Let me check."
+    assert json.loads(fin["tool_calls"][0]["function"]["arguments"]) == {"city": "Oslo"}
+    bad = result('<|tool_calls|>[{"name": "get_weather", "arguments": {"town": 1}}]')
+    fin = plan.finish(bad)
+    assert fin["tool_calls"] is None and fin["content"] == bad.text and fin["finish_reason"] == "stop"

@@ -630,11 +630,12 @@ async def _stream_chat(
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     tok = state.tokenizer
 
-    def chunk(choices: list[dict[str, Any]], usage: dict | None = None) -> str:
+    def chunk(choices: list[dict[str, Any]], usage: dict | None = None, **extension: Any) -> str:
         body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
                                 "model": req.model, "system_fingerprint": state.fingerprint, "choices": choices}
         if include_usage:
             body["usage"] = usage
+        body.update(extension)
         return _sse(body)
 
     def choice(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -645,7 +646,8 @@ async def _stream_chat(
     try:
         for i in range(len(handles)):
             first: dict[str, Any] = {"role": "assistant", "content": ""}
-            yield chunk([choice(i, first)])
+            # retrieval sources (an extension field) ride on the first chunk, where clients see them early
+            yield chunk([choice(i, first)], **({"sources": sources} if sources is not None and i == 0 else {}))
         async for i, u in _merged(handles):
             if u.error is not None:
                 err = APIError(500, f"decoding failed: {u.error}", "server_error", code="server_error")
@@ -680,8 +682,6 @@ async def _stream_chat(
         if include_usage:
             done = [r for r in results if r is not None]
             yield chunk([], _usage(len(plan.prompt_ids), done))
-        if sources is not None:
-            yield _sse({"id": rid, "object": "chat.completion.sources", "sources": sources})
         yield "data: [DONE]\n\n"
     finally:
         for h in handles:  # a client that disconnected frees its slots at the next step
