@@ -37,6 +37,8 @@ CREATE TABLE IF NOT EXISTS documents (
     sha256 TEXT NOT NULL,
     size INTEGER NOT NULL,
     n_chunks INTEGER NOT NULL,
+    first_chunk INTEGER NOT NULL,  -- chunk ids are first_chunk .. first_chunk + n_chunks - 1, in order
+    vectors BLOB NOT NULL,  -- float32 [n_chunks, dim], one BLOB per document: 100k vectors load in ~0.5 s
     added_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS chunks (
@@ -47,8 +49,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     start INTEGER NOT NULL,
     end INTEGER NOT NULL,
     line_start INTEGER NOT NULL,
-    line_end INTEGER NOT NULL,
-    embedding BLOB NOT NULL
+    line_end INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(text, content='chunks', content_rowid='id');
@@ -102,10 +103,19 @@ class AddResult:
     error: str = ""
 
 
+# Function words match nearly every chunk: OR-ing them in makes BM25 slow (every row scored) and adds no signal.
+STOPWORDS = frozenset(
+    "a an and are as at be but by can could did do does for from had has have how i if in into is it its me my "
+    "no not of on or our she so than that the their them then there these they this to was we were what when "
+    "where which who whom why will with would you your".split()
+)
+
+
 def _fts_query(text: str) -> str:
-    """User text -> a safe FTS5 query: every word quoted, OR-ed (FTS5 syntax characters never reach the parser)."""
+    """User text -> a safe FTS5 query: content words quoted and OR-ed (FTS5 syntax never reaches the parser)."""
     words = re.findall(r"\w+", text.lower())
-    return " OR ".join(f'"{w}"' for w in dict.fromkeys(words))
+    content = [w for w in words if w not in STOPWORDS] or words
+    return " OR ".join(f'"{w}"' for w in dict.fromkeys(content))
 
 
 def iter_files(paths: Iterable[str | Path]) -> Iterable[tuple[Path, bool]]:
@@ -200,13 +210,15 @@ class Index:
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM documents WHERE path=?", (path,))  # cascades to chunks and (trigger) FTS
+            first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
             cur = conn.execute(
-                "INSERT INTO documents(path, title, kind, sha256, size, n_chunks, added_at) VALUES (?,?,?,?,?,?,?)",
-                (path, title, kind, sha256, size, len(chunks), time.time()),
+                "INSERT INTO documents(path, title, kind, sha256, size, n_chunks, first_chunk, vectors, added_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                (path, title, kind, sha256, size, len(chunks), first, vectors.tobytes(), time.time()),
             )
             doc_id = cur.lastrowid
-            for i, (c, v) in enumerate(zip(chunks, vectors, strict=True)):
-                self._insert_chunk(conn, doc_id, i, c, v)
+            for i, c in enumerate(chunks):
+                self._insert_chunk(conn, doc_id, first + i, i, c)
 
         self._write(write, name, int(vectors.shape[1]) if len(vectors) else self._dim_or(name))
 
@@ -214,11 +226,10 @@ class Index:
         stored = self._meta("dim")
         return int(stored) if stored else self.embedder.dim
 
-    def _insert_chunk(self, conn: sqlite3.Connection, doc_id: int, ord_: int, c: Chunk, v: np.ndarray) -> None:
+    def _insert_chunk(self, conn: sqlite3.Connection, doc_id: int, chunk_id: int, ord_: int, c: Chunk) -> None:
         conn.execute(
-            "INSERT INTO chunks(doc_id, ord, text, start, end, line_start, line_end, embedding) "
-            "VALUES (?,?,?,?,?,?,?,?)",
-            (doc_id, ord_, c.text, c.start, c.end, c.line_start, c.line_end, v.tobytes()),
+            "INSERT INTO chunks(id, doc_id, ord, text, start, end, line_start, line_end) VALUES (?,?,?,?,?,?,?,?)",
+            (chunk_id, doc_id, ord_, c.text, c.start, c.end, c.line_start, c.line_end),
         )
 
     def add_paths(
@@ -304,9 +315,15 @@ class Index:
         if orphans:
             problems.append(f"{orphans} orphan chunks")
         dim = int(self._meta("dim") or 0)
-        wrong = self.conn.execute("SELECT count(*) FROM chunks WHERE length(embedding) != ?", (4 * dim,)).fetchone()[0]
+        wrong = self.conn.execute(
+            "SELECT count(*) FROM documents WHERE length(vectors) != 4 * ? * n_chunks", (dim,)).fetchone()[0]
         if wrong:
-            problems.append(f"{wrong} vectors of the wrong size")
+            problems.append(f"{wrong} documents with vectors of the wrong size")
+        misplaced = self.conn.execute(
+            "SELECT count(*) FROM chunks c JOIN documents d ON d.id=c.doc_id WHERE c.id != d.first_chunk + c.ord"
+        ).fetchone()[0]
+        if misplaced:
+            problems.append(f"{misplaced} chunks out of place")
         try:  # FTS5 compares its index with the chunks table and raises when they disagree
             self.conn.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES ('integrity-check', 1)")
         except sqlite3.DatabaseError as exc:
@@ -317,10 +334,10 @@ class Index:
         """(chunk ids, [N, dim] vectors), cached until the next write by anyone (the generation counter)."""
         gen = self._generation()
         if self._cache is None or self._cache[0] != gen:
-            rows = self.conn.execute("SELECT id, embedding FROM chunks ORDER BY id").fetchall()
+            rows = self.conn.execute("SELECT first_chunk, n_chunks, vectors FROM documents ORDER BY id").fetchall()
             dim = int(self._meta("dim") or 0)
-            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-            mat = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+            ids = np.concatenate([np.arange(f, f + n, dtype=np.int64) for f, n, _ in rows] or [np.zeros(0, np.int64)])
+            mat = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(len(ids), dim)
             self._cache = (gen, ids, mat)
         return self._cache[1], self._cache[2]
 
