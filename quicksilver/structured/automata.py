@@ -118,12 +118,24 @@ class TokenAutomaton:
         # distinct (increment) values and the state->state relation for each, for free positions
         self.max_inc = int(self.inc.max()) if self.inc.size else 0
         live = self.next >= 0
-        self.relation: dict[int, np.ndarray] = {}
+        self.relation: dict[int, np.ndarray] = {}  # k -> [S, S] uint8: some token moves s -> s' adding k
         for k in np.unique(self.inc[live]).tolist() if live.any() else []:
-            rel = np.zeros((self.n_states, self.n_states), dtype=bool)
+            rel = np.zeros((self.n_states, self.n_states), dtype=np.uint8)
             rows, cols = np.nonzero(live & (self.inc == k))
-            rel[rows, self.next[rows, cols]] = True
+            rel[rows, self.next[rows, cols]] = 1
             self.relation[int(k)] = rel
+        # the same as stacked float matrices: rel[k] [S, S] and count moves P[k] [W, W] (c -> add(c, k))
+        ks = sorted(self.relation)
+        self._rel = np.stack([self.relation[k] for k in ks]).astype(np.float32) if ks else np.zeros(
+            (0, self.n_states, self.n_states), dtype=np.float32)
+        self._rel_t = np.ascontiguousarray(self._rel.transpose(0, 2, 1))
+        moves = np.zeros((len(ks), self.width, self.width), dtype=np.float32)
+        for i, k in enumerate(ks):
+            tgt = self.add(k)
+            ok = tgt >= 0
+            moves[i, np.nonzero(ok)[0], tgt[ok]] = 1.0
+        self._moves = moves
+        self._moves_t = np.ascontiguousarray(moves.transpose(0, 2, 1))
 
     @property
     def width(self) -> int:
@@ -149,14 +161,11 @@ class TokenAutomaton:
 
     # -- one position ---------------------------------------------------------------------------------
     def forward_free(self, r: np.ndarray) -> np.ndarray:
-        out = np.zeros_like(r)
-        for k, rel in self.relation.items():
-            moved = (rel.T.astype(np.uint8) @ r.astype(np.uint8)) > 0  # [S, W] before the count shift
-            tgt = self.add(k)
-            ok = tgt >= 0
-            if ok.any():
-                np.logical_or.at(out, (slice(None), tgt[ok]), moved[:, ok])
-        return out
+        """Sets after one free position: out[p, d] = OR_k,s,c rel[k][s, p] & r[s, c] & (add(c, k) == d)."""
+        if not self._rel.shape[0]:
+            return np.zeros_like(r)
+        moved = r.astype(np.float32) @ self._moves  # [K, S, W]
+        return (self._rel_t @ moved).sum(axis=0) > 0
 
     def forward_token(self, r: np.ndarray, col: int) -> np.ndarray:
         out = np.zeros_like(r)
@@ -171,14 +180,11 @@ class TokenAutomaton:
         return out
 
     def backward_free(self, c: np.ndarray) -> np.ndarray:
-        out = np.zeros_like(c)
-        for k, rel in self.relation.items():
-            tgt = self.add(k)
-            shifted = np.zeros_like(c)
-            ok = tgt >= 0
-            shifted[:, ok] = c[:, tgt[ok]]
-            out |= (rel.astype(np.uint8) @ shifted.astype(np.uint8)) > 0
-        return out
+        """Co-reachable sets one free position earlier: OR_k rel[k] @ c @ moves[k]^T."""
+        if not self._rel.shape[0]:
+            return np.zeros_like(c)
+        pulled = c.astype(np.float32) @ self._moves_t  # [K, S, W]: c[p, add(x, k)]
+        return (self._rel @ pulled).sum(axis=0) > 0
 
     def backward_token(self, c: np.ndarray, col: int) -> np.ndarray:
         out = np.zeros_like(c)
@@ -191,15 +197,18 @@ class TokenAutomaton:
 
     def allowed_columns(self, r: np.ndarray, c_next: np.ndarray) -> np.ndarray:
         """Columns t with some reachable (s, n) and (next[s,t], n + inc[s,t]) co-reachable."""
+        reach = np.nonzero(r.any(axis=1))[0]
+        if not self.counted:  # no counter: t is allowed iff next[s, t] is co-reachable for a reachable s
+            table = np.append(c_next[:, 0], False)  # index -1: dead
+            return table[self.next[reach]].any(axis=0)
         allowed = np.zeros(self.next.shape[1], dtype=bool)
         targets = self._targets  # [width, max_inc + 1] counter after adding k (-1: over the maximum)
         valid = targets >= 0
         gathered = c_next[:, np.where(valid, targets, 0)] & valid  # [S, width, K]
-        for s in np.nonzero(r.any(axis=1))[0].tolist():
+        for s in reach.tolist():
             ok = (gathered & r[s][None, :, None]).any(axis=1)  # [S, K]: target state and increment that fit
             table = np.vstack([ok, np.zeros((1, ok.shape[1]), dtype=bool)])  # row -1: dead
-            nxt = self.next[s]
-            allowed |= table[nxt, self.inc[s]]
+            allowed |= table[self.next[s], self.inc[s]]
         return allowed
 
     @property
@@ -212,41 +221,67 @@ class TokenAutomaton:
 
 
 class SlotSolver:
-    """Which tokens each position of one slot may take, given the committed ones (-1 = free)."""
+    """Which tokens each position of one slot may take, given the committed ones (-1 = free).
+
+    Reachable sets are memoised by the committed prefix (forward) and suffix (backward), and masks by
+    the pair of sets, so a decode step only recomputes what its commits changed.
+    """
+
+    _MEMO_LIMIT = 50_000
 
     def __init__(self, automaton: TokenAutomaton):
         self.a = automaton
+        self._fwd: dict[tuple, np.ndarray] = {}
+        self._bwd: dict[tuple, np.ndarray] = {}
+        self._masks: dict[bytes, np.ndarray] = {}
 
-    def _sweeps(self, cols: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def _trim(self) -> None:
+        for memo in (self._fwd, self._bwd, self._masks):
+            if len(memo) > self._MEMO_LIMIT:
+                memo.clear()
+
+    def _forward(self, cols: list[int]) -> list[np.ndarray]:
         a = self.a
-        fwd = [a.initial()]
+        out = [a.initial()]
+        key: tuple = ()
         for col in cols:
-            fwd.append(a.forward_free(fwd[-1]) if col < 0 else a.forward_token(fwd[-1], col))
-        bwd = [a.final()]
+            key = key + (col,)
+            r = self._fwd.get(key)
+            if r is None:
+                r = a.forward_free(out[-1]) if col < 0 else a.forward_token(out[-1], col)
+                self._fwd[key] = r
+            out.append(r)
+        return out
+
+    def _backward(self, cols: list[int]) -> list[np.ndarray]:
+        a = self.a
+        out = [a.final()]
+        key: tuple = ()
         for col in reversed(cols):
-            bwd.append(a.backward_free(bwd[-1]) if col < 0 else a.backward_token(bwd[-1], col))
-        bwd.reverse()
-        return fwd, bwd
+            key = (col,) + key
+            c = self._bwd.get(key)
+            if c is None:
+                c = a.backward_free(out[-1]) if col < 0 else a.backward_token(out[-1], col)
+                self._bwd[key] = c
+            out.append(c)
+        out.reverse()
+        return out
 
     def feasible(self, cols: list[int]) -> bool:
-        a = self.a
-        r = a.initial()
-        for col in cols:
-            r = a.forward_free(r) if col < 0 else a.forward_token(r, col)
-            if not r.any():
-                return False
-        return bool((r & a.final()).any())
+        self._trim()
+        return bool((self._forward(cols)[-1] & self.a.final()).any())
 
     def masks(self, cols: list[int], wanted: list[int]) -> dict[int, np.ndarray]:
         """Allowed-column masks for the slot offsets in ``wanted`` (all treated as free)."""
-        fwd, bwd = self._sweeps(cols)
+        self._trim()
+        fwd, bwd = self._forward(cols), self._backward(cols)
         out: dict[int, np.ndarray] = {}
-        seen: dict[bytes, np.ndarray] = {}  # inner positions of a slot mostly share their sets
         for i in wanted:
             key = fwd[i].tobytes() + bwd[i + 1].tobytes()
-            if key not in seen:
-                seen[key] = self.a.allowed_columns(fwd[i], bwd[i + 1])
-            out[i] = seen[key]
+            m = self._masks.get(key)
+            if m is None:
+                m = self._masks[key] = self.a.allowed_columns(fwd[i], bwd[i + 1])
+            out[i] = m
         return out
 
     def min_length(self, limit: int = 512) -> int | None:
