@@ -15,7 +15,7 @@ from typing import Any
 
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.sampling import SamplingParams
-from quicksilver.tasks import TASKS, Example, get_task, render
+from quicksilver.tasks import TASKS, Example, get_task, render_prompt
 
 EVAL_SEED = 20251202
 DEFAULT_N = 50
@@ -95,7 +95,7 @@ def evaluate(
     for name in names:
         task = get_task(name)
         examples = eval_examples(name, n, seed)
-        prompts = [tok.encode(render(ex, tok)[0]) for ex in examples]
+        prompts = [tok.encode(render_prompt(ex, tok)) for ex in examples]
         budget = max_tokens or MAX_TOKENS.get(name, base.max_tokens)
         task_params = [base.replace(max_tokens=budget)] * len(examples)
         items: list[ItemResult] = []

@@ -138,3 +138,11 @@ def test_code_runner_times_out_and_isolates():
     assert run_tests("def f():\n    return 1", ["assert f() == 1"])
     assert not run_tests("def f():\n    while True: pass", ["f()"], timeout=0.5)
     assert not run_tests("import sys; sys.exit(3)", [])
+
+
+def test_tool_answer_values_must_appear_whole():
+    from quicksilver.tasks.tool_use import mentions
+
+    assert mentions("It is 20 degrees.", "20") and mentions("That is 1086.13.", "1086.13")
+    assert not mentions("It is 120 degrees", "20") and not mentions("It is 20.5", "20")
+    assert not mentions("unsent", "sent")

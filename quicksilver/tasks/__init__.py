@@ -8,7 +8,7 @@ and ``verify(example, output_text)`` to grade a model's raw output (special toke
 from __future__ import annotations
 
 from quicksilver.tasks.arithmetic import Arithmetic, WordProblem
-from quicksilver.tasks.base import Example, Split, Task, clean_output, render
+from quicksilver.tasks.base import Example, Split, Task, clean_output, render, render_prompt
 from quicksilver.tasks.code_synthesis import CodeSynthesis
 from quicksilver.tasks.infilling import Infilling
 from quicksilver.tasks.json_extraction import JsonExtraction
@@ -40,4 +40,4 @@ def get_task(name: str) -> Task:
         raise LookupError(f"unknown task {name!r} (known: {', '.join(TASKS)})") from None
 
 
-__all__ = ["TASKS", "Example", "Split", "Task", "clean_output", "get_task", "render"]
+__all__ = ["TASKS", "Example", "Split", "Task", "clean_output", "get_task", "render", "render_prompt"]

@@ -158,6 +158,13 @@ def user_turn(rng: random.Random, split: Split, text: str) -> dict[str, str]:
     return {"role": "user", "content": text}
 
 
+def render_prompt(example: Example, tokenizer: Tokenizer) -> str:
+    """Just the prompt (what a model is given at eval time); works with any chat template."""
+    if not example.is_chat:
+        return example.raw_prompt or ""
+    return tokenizer.apply_chat_template(example.messages, tools=example.tools, add_generation_prompt=True)
+
+
 def render(example: Example, tokenizer: Tokenizer) -> tuple[str, str]:
     """(prompt text, response text) exactly as the chat template renders them; the response ends with EOS."""
     if not example.is_chat:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -564,4 +565,10 @@ class ToolAnswer(Task):
 
     def verify(self, example: Example, output: str) -> bool:
         text = clean_output(output)
-        return TOOL_CALLS not in text and all(k.lower() in text.lower() for k in example.answer)
+        return TOOL_CALLS not in text and all(mentions(text, k) for k in example.answer)
+
+
+def mentions(text: str, value: str) -> bool:
+    """``value`` appears in ``text`` as a whole item: "20" is not found in "120" or "20.5", "ok" not in "okay"."""
+    pattern = r"(?<![\w.])" + re.escape(value) + r"(?!\.?\d)(?![A-Za-z])"
+    return re.search(pattern, text, re.I) is not None
