@@ -96,7 +96,10 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     except Exception as exc:  # tokenizers raises bare Exceptions on malformed files
         raise CheckpointError(f"{folder}: cannot build the tokenizer from vocab.json/merges.txt ({exc})") from None
     # added / special tokens keep the ids the checkpoint was trained with
-    decoder = config.get("added_tokens_decoder") or {}
+    decoder = config.get("added_tokens_decoder") or {
+        str(i): {"content": t, "special": True}  # older layout: added_tokens.json maps text -> id
+        for t, i in read_json(folder / "added_tokens.json", required=False).items()
+    }
     added = sorted(((int(i), t) for i, t in decoder.items()), key=lambda item: item[0])
     for token_id, tok in added:
         content = tok["content"] if isinstance(tok, dict) else str(tok)
@@ -107,7 +110,11 @@ def load_tokenizer(folder: Path) -> Tokenizer:
                     f"{folder / 'tokenizer_config.json'}: added token {content!r} has id {token_id}, but the "
                     f"vocabulary would give it {backend.get_vocab_size(with_added_tokens=True)}"
                 )
-            backend.add_special_tokens([AddedToken(content, special=special, normalized=False)])
+            token = AddedToken(content, special=special, normalized=False)
+            if special:
+                backend.add_special_tokens([token])
+            else:
+                backend.add_tokens([token])
     return Tokenizer(backend, config)
 
 
