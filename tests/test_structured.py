@@ -89,6 +89,16 @@ SCHEMAS = {
         },
         "required": ["unit"],
     },
+    "unions": {
+        "type": "object",
+        "properties": {
+            "nick": {"type": ["string", "null"], "minLength": 2, "maxLength": 4},
+            "id": {"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]},
+            "pair": {"type": "array", "items": {"type": "string", "maxLength": 2}, "minItems": 2, "maxItems": 2},
+            "opt": {"type": "number", "nullable": True},
+        },
+        "required": ["nick", "id", "pair", "opt"],
+    },
     "top_level_array": {"type": "array", "items": {"type": "number", "minimum": 0.5, "maximum": 3}, "minItems": 2},
     "top_level_enum": {"enum": ["alpha", "beta", "gamma"]},
 }
@@ -221,7 +231,8 @@ def test_parse_tool_calls():
     ({"type": "integer", "multipleOf": 3}, "multipleOf"),
     ({"not": {"type": "null"}}, "not"),
     ({"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}}, {"type": "array"}]}, "oneOf"),
-    ({"type": ["string", "null"], "maxLength": 4}, "length bounds"),
+    ({"anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["hello", "x"]}]}, "length-bounded"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "same JSON type"),
     ({"type": "string", "format": "email"}, "format"),
     ({"type": "object", "properties": {}, "required": ["ghost"]}, "ghost"),
     ({"$ref": "https://example.com/s.json"}, "local"),

@@ -36,6 +36,7 @@ class ByteAutomaton:
     count_min: int = 0
     count_max: int | None = None  # None: no upper bound (the counter saturates at count_min)
     counted: bool = False  # False: increments are ignored
+    exempt: Callable[[Hashable], bool] | None = None  # accepted states that ignore the count bounds
 
 
 class TooManyStates(ValueError):
@@ -79,6 +80,7 @@ class TokenAutomaton:
         states, bnext, binc = enumerate_states(auto)
         n = len(states)
         accept = np.array([bool(auto.accept(s)) for s in states] + [True])
+        exempt = np.array([bool(auto.exempt(s)) if auto.exempt else False for s in states] + [False])
         # run every (non-special, non-empty) token from every state, byte column by byte column
         cand = np.nonzero((lex.lengths > 0) & ~lex.special)[0]
         cur = np.tile(np.arange(n, dtype=np.int32)[:, None], (1, cand.size))
@@ -107,9 +109,26 @@ class TokenAutomaton:
         self.inc[:n, : self.token_ids.size] = inc_tab
         if lex.filler_id is not None:
             self.token_ids = np.append(self.token_ids, lex.filler_id)
-            self.next[np.nonzero(accept)[0], self.filler_col] = n  # filler only after a complete value
+            # filler only after a complete value; it ends the counted part, so an exempt value (one that
+            # ignores the count bounds) pads into its own filler state
+            acc = np.nonzero(accept[:n] & ~exempt[:n])[0]
+            self.next[acc, self.filler_col] = n
+            if exempt.any():
+                n_all = n + 2
+                self.next = np.vstack([self.next, np.full((1, cols), -1, dtype=np.int32)])
+                self.inc = np.vstack([self.inc, np.zeros((1, cols), dtype=np.int32)])
+                self.next[np.nonzero(exempt[:n])[0], self.filler_col] = n + 1
+                self.next[n + 1, self.filler_col] = n + 1
+                accept = np.append(accept, True)
+                exempt = np.append(exempt[:n + 1], True)
+            else:
+                n_all = n + 1
+            self.next[n, self.filler_col] = n
+        else:
+            n_all = n + 1
         self.accept = accept
-        self.n_states = n + 1
+        self.exempt = exempt
+        self.n_states = n_all
         self.counted = auto.counted
         self.count_min = auto.count_min if auto.counted else 0
         self.count_max = auto.count_max if auto.counted else None
@@ -152,6 +171,7 @@ class TokenAutomaton:
         """[states, width] bool: accepted (state, count) pairs."""
         ok = np.zeros((self.n_states, self.width), dtype=bool)
         ok[self.accept, self.count_min:] = True
+        ok[self.accept & self.exempt, :] = True
         return ok
 
     def initial(self) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 from quicksilver.structured.automata import SlotSolver, TokenAutomaton, TooManyStates
 from quicksilver.structured.lexicon import Lexicon
 from quicksilver.structured.schema import Piece, Slot, UnsupportedSchema
-from quicksilver.structured.values import build
+from quicksilver.structured.values import UnionError, build
 from quicksilver.tokenizer import Tokenizer
 
 MAX_SLOT_TOKENS = 64  # flexible slots grow up to this when the canvas has room
@@ -41,7 +41,10 @@ def automaton_for(spec: tuple, lex: Lexicon) -> TokenAutomaton:
     cache: dict = lex.__dict__.setdefault("_automata", {})
     auto = cache.get(spec)
     if auto is None:
-        byte_auto = build(spec)
+        try:
+            byte_auto = build(spec)
+        except UnionError as exc:
+            raise UnsupportedSchema(str(exc)) from None
         if byte_auto is None:
             raise UnsupportedSchema(f"no value satisfies {_describe(spec)}")
         try:

@@ -196,9 +196,9 @@ class SchemaCompiler:
             simple.append(spec)
         if len(simple) == 1:
             return compiled[0]
-        if one_of:
-            raise UnsupportedSchema("oneOf between simple values is not supported (use anyOf)")
         simple = [_quoted(s) for s in simple]
+        if one_of and not _first_bytes_disjoint(simple):
+            raise UnsupportedSchema("oneOf between values of the same JSON type is not supported (use anyOf)")
         budget = max(_budget_of(p) for p in compiled)
         return [Slot(("union", tuple(simple)), max(budget, NUMBER_TOKENS), True)]
 
@@ -241,7 +241,7 @@ class SchemaCompiler:
             raise UnsupportedSchema("maxItems < minItems")
         item_pieces = self.value(items, depth + 1)
         spec = _as_simple(item_pieces)
-        if spec is not None and spec[0] != "string" and not schema.get("uniqueItems"):
+        if spec is not None and not _counted(spec) and not schema.get("uniqueItems"):
             per_item = _budget_of(item_pieces) + 2
             shown = max(min_items, min(ARRAY_ITEMS, max_items if max_items is not None else ARRAY_ITEMS))
             slot = Slot(("array", _quoted(spec), min_items, max_items), max(1, shown) * per_item, True)
@@ -315,13 +315,20 @@ def _as_simple(pieces: list[Piece]) -> tuple | None:
 
 
 def _quoted(spec: tuple) -> tuple:
+    """The spec of a simple value as a whole JSON value (strings with their quotes)."""
     if spec[0] == "string":
-        if spec[1:] != (0, None):
-            raise UnsupportedSchema("string length bounds inside arrays or unions are not supported")
-        return ("qstring",)
+        return ("qstring",) if spec[1:] == (0, None) else ("qstring", *spec[1:])
     if spec[0] == "union":
         return ("union", tuple(_quoted(s) for s in spec[1]))
     return spec
+
+
+def _counted(spec: tuple) -> bool:
+    if spec[0] in ("string", "qstring"):
+        return len(spec) > 1 and spec[1:] != (0, None)
+    if spec[0] == "union":
+        return any(_counted(s) for s in spec[1])
+    return False
 
 
 def _budget_of(pieces: list[Piece]) -> int:
@@ -336,3 +343,16 @@ def _merge(pieces: list[Piece]) -> list[Piece]:
         elif p != "":
             out.append(p)
     return out
+
+
+def _first_bytes_disjoint(specs: list[tuple]) -> bool:
+    from quicksilver.structured.values import build, first_bytes
+
+    seen: set[int] = set()
+    for spec in specs:
+        auto = build(spec)
+        firsts = first_bytes(auto) if auto is not None else set()
+        if firsts & seen:
+            return False
+        seen |= firsts
+    return True

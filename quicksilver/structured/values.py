@@ -95,8 +95,9 @@ def _qstring_step(s: Hashable, b: int) -> tuple[Hashable, int] | None:
     return None if r is None else (("S", r[0]), r[1])
 
 
-def quoted_string() -> ByteAutomaton:
-    return ByteAutomaton("Q", _qstring_step, lambda s: s == "END")
+def quoted_string(min_len: int = 0, max_len: int | None = None) -> ByteAutomaton:
+    counted = min_len > 0 or max_len is not None
+    return ByteAutomaton("Q", _qstring_step, lambda s: s == "END", min_len, max_len, counted)
 
 
 # -- numbers ------------------------------------------------------------------------------------------
@@ -288,20 +289,51 @@ def literals(texts: tuple[str, ...]) -> ByteAutomaton:
     return ByteAutomaton(b"", step, lambda s: s in alts)
 
 
+def first_bytes(auto: ByteAutomaton) -> set[int]:
+    return {b for b in range(256) if auto.step(auto.start, b) is not None}
+
+
+class UnionError(ValueError):
+    pass
+
+
 def union(autos: tuple[ByteAutomaton, ...]) -> ByteAutomaton:
-    """Any one of several uncounted automata (run side by side)."""
+    """Any one of several automata (run side by side).
+
+    At most one may be counted (a string with length bounds), and it must not share a first byte with
+    the others, so its count never leaks into their paths; values of the others ignore the count bounds.
+    """
+    counted = [i for i, a in enumerate(autos) if a.counted]
+    if len(counted) > 1:
+        raise UnionError("only one alternative of a union may have length bounds")
+    if counted:
+        c = counted[0]
+        firsts = first_bytes(autos[c])
+        if any(firsts & first_bytes(a) for i, a in enumerate(autos) if i != c):
+            raise UnionError("a length-bounded string cannot share a union with other string values")
+    ci = counted[0] if counted else None
 
     def step(s: Hashable, b: int) -> tuple[Hashable, int] | None:
         out = []
-        for a, sub in zip(autos, s, strict=True):
+        inc = 0
+        for i, (a, sub) in enumerate(zip(autos, s, strict=True)):
             r = a.step(sub, b) if sub is not None else None
             out.append(None if r is None else r[0])
-        return None if all(x is None for x in out) else (tuple(out), 0)
+            if r is not None and i == ci:
+                inc = r[1]
+        return None if all(x is None for x in out) else (tuple(out), inc)
 
     def accept(s: Hashable) -> bool:
         return any(sub is not None and a.accept(sub) for a, sub in zip(autos, s, strict=True))
 
-    return ByteAutomaton(tuple(a.start for a in autos), step, accept)
+    def exempt(s: Hashable) -> bool:
+        return any(sub is not None and a.accept(sub) for i, (a, sub) in enumerate(zip(autos, s, strict=True))
+                   if i != ci)
+
+    if ci is None:
+        return ByteAutomaton(tuple(a.start for a in autos), step, accept)
+    a = autos[ci]
+    return ByteAutomaton(tuple(x.start for x in autos), step, accept, a.count_min, a.count_max, True, exempt)
 
 
 def array_items(item: ByteAutomaton, min_items: int, max_items: int | None) -> ByteAutomaton:
@@ -332,7 +364,7 @@ def build(spec: tuple) -> ByteAutomaton | None:
     if kind == "string":
         return string_content(spec[1], spec[2])
     if kind == "qstring":
-        return quoted_string()
+        return quoted_string(*spec[1:])
     if kind == "number":
         return number(*spec[1:])
     if kind == "literals":
