@@ -18,7 +18,7 @@ MAX_LEN = 256  # prompt + response tokens; longer samples are regenerated
 # of the offline corpus (prose and Python source); "fim_code" is fill-in-the-middle on real Python source.
 # Tool calls and JSON weigh most: the product needs them.
 DEFAULT_MIX: dict[str, float] = {
-    "tool_call": 0.14,
+    "tool_call": 0.16,
     "tool_answer": 0.06,
     "json": 0.14,
     "arithmetic": 0.07,
@@ -28,7 +28,7 @@ DEFAULT_MIX: dict[str, float] = {
     "retrieval": 0.07,
     "code": 0.05,
     "infill": 0.04,
-    "text": 0.16,
+    "text": 0.14,
     "code_text": 0.05,
     "fim_code": 0.03,
 }
@@ -36,6 +36,9 @@ CORPUS_KINDS = ("text", "code_text", "fim_code")
 TEXT_SOURCES = {"python_docs": 0.4, "docstrings": 0.2, "gcide": 0.2, "fortunes": 0.2}
 CODE_SOURCES = {"stdlib_code": 1.0}
 CHUNK_CHARS = 1600  # enough characters for ~256 tokens of prose with a 4k BPE
+# Text chunks get a random length: varied lengths, and task answers (short) are not swamped by prose in the
+# learned tokens (a 256-token chunk teaches as many tokens as ~10 task answers).
+TEXT_TOKENS = (64, 256)
 
 
 @dataclass
@@ -116,7 +119,7 @@ def _corpus_sample(rng: random.Random, tokenizer: Tokenizer, kind: str, max_len:
             if len(prompt_ids) + len(response_ids) <= max_len:
                 return Sample(prompt_ids, response_ids, f"fim:{source}")
         return None
-    ids = tokenizer.encode(text_chunk(rng, corpus[source]))[:max_len]
+    ids = tokenizer.encode(text_chunk(rng, corpus[source]))[: min(max_len, rng.randint(*TEXT_TOKENS))]
     return Sample([], ids, source)
 
 

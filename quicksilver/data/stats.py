@@ -57,11 +57,13 @@ def stream_stats(tokenizer: Tokenizer, seed: int = 0, n: int = 2000, mix: dict[s
         prompt_tokens[s.source] += len(s.prompt_ids)
         response_tokens[s.source] += len(s.response_ids)
     total = sum(prompt_tokens.values()) + sum(response_tokens.values())
+    learned = sum(response_tokens.values())  # the loss is on response tokens only
     return {
         "seed": seed, "samples": n, "mixture": weights,
         "per_source": {
             k: {"samples": samples[k], "prompt_tokens": prompt_tokens[k], "response_tokens": response_tokens[k],
-                "token_share": round((prompt_tokens[k] + response_tokens[k]) / total, 4)}
+                "token_share": round((prompt_tokens[k] + response_tokens[k]) / total, 4),
+                "response_token_share": round(response_tokens[k] / learned, 4)}
             for k in sorted(samples)
         },
         "mean_tokens_per_sample": round(total / n, 1),
