@@ -22,7 +22,7 @@ def test_bench_quick_runs_end_to_end_and_writes_json_and_plots(tiny_models, tmp_
     bc, ar = tiny_models
     out = tmp_path / "out"
     rc = main(["bench", "--model", str(bc), "--ar-model", str(ar), "--quick", "--tasks", "arithmetic",
-               "--variants", "bf16", "--threads", "1", "--concurrency", "1,2", "--requests-per-level", "2",
+               "--variants", "none", "--threads", "1", "--concurrency", "1,2", "--requests-per-level", "2",
                "--no-structured", "--out-dir", str(out)])
     assert rc == 0
     data = json.loads((out / "latest.json").read_text())
@@ -85,3 +85,27 @@ def test_targets_pick_the_fastest_config_within_one_point_and_compare_same_run_r
     assert not t[">=5x"]["met"]  # 6x faster, but less accurate than the AR twin
     assert not t[">=6"]["met"] and "b" in t[">=6"]["measured"]  # "a" loses 5 points, so "b" (5.0) is the best
     assert t["32streams"]["met"]
+
+
+def test_speed_only_schedule_forces_full_budgets_and_fixed_commits(tiny_models):
+    from quicksilver.bench.runner import BenchOptions, _base_params
+    from quicksilver.bench.sweep import speed_grid
+    from quicksilver.bench.workload import Config, Prompt, run_one
+    from quicksilver.decoding import Decoder
+    from quicksilver.loading import load_model
+    from quicksilver.tasks import get_task
+
+    bc, ar = (load_model(str(p)) for p in tiny_models)
+    opts = BenchOptions(fixed_tpf=4)
+    p_bc, p_ar = _base_params(bc, opts), _base_params(ar, opts)
+    assert p_bc.ignore_eos and p_ar.ignore_eos
+    assert p_bc.policy == "low_confidence" and p_bc.steps_per_block == bc.model.config.block_size // 4
+    assert p_ar.policy == ar.defaults.policy  # the AR twin decodes as it always does
+    ex = get_task("arithmetic").generate(__import__("random").Random(0), "eval")
+    prompt = Prompt("arithmetic", ex, bc.tokenizer.encode("What is 2+2?"), 16)
+    rec = run_one(Config("bc", Decoder(bc.model, bc.tokenizer), p_bc), prompt)
+    assert rec.tokens == 16  # EOS ignored: the whole budget is decoded
+    # up to 4 commits per forward; blocks sit at absolute positions, so a partial first block adds steps
+    assert 16 // 4 <= rec.forwards <= 16 // 2
+    labels = [label for label, _ in speed_grid(p_bc, 8)]
+    assert labels == ["1 token/step", "2 tokens/forward", "4 tokens/forward", "8 tokens/forward"]

@@ -26,7 +26,8 @@ MODEL_HEADER = ["model", "variant", "useful tok/s", "tok/forward", "TTFT ms", "l
 
 
 def markdown(results: dict) -> str:
-    lines = ["| " + " | ".join(MODEL_HEADER) + " |", "|" + "---|" * len(MODEL_HEADER)]
+    lines = [f"Speed-only run: {results['speed_only']}.", ""] if results.get("speed_only") else []
+    lines += ["| " + " | ".join(MODEL_HEADER) + " |", "|" + "---|" * len(MODEL_HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in model_rows(results)]
     if results.get("sweep"):
         lines += ["", "| decoding (diffusion) | tok/forward | useful tok/s | accuracy % |", "|---|---|---|---|"]
@@ -53,11 +54,14 @@ def print_tables(results: dict) -> None:
     from rich.table import Table
 
     console = Console()
-    if results.get("forward"):
-        t = Table(title="Forward latency (one decode step, cached prefix)")
+    if results.get("speed_only"):
+        console.print(f"[bold]Speed-only run:[/bold] {results['speed_only']}")
+    fwd_rows = (results.get("threads_probe") or []) + (results.get("forward") or [])
+    if fwd_rows:
+        t = Table(title="Forward latency (one decode step, 200-token cached prefix)")
         for h in ("model", "variant", "threads", "rows", "ms/forward", "rows/s"):
             t.add_column(h)
-        for r in results["forward"]:
+        for r in fwd_rows:
             t.add_row(r["model"], r["variant"], str(r["threads"]), str(r["rows"]), f"{r['ms_per_forward']:.2f}",
                       f"{r['rows_per_second']:.0f}")
         console.print(t)

@@ -23,3 +23,13 @@ def sweep_grid(base: SamplingParams, block_size: int, quick: bool = False) -> li
     sizes = [b for b in (8, 16) if b < block_size] if not quick else [b for b in (8,) if b < block_size]
     grid += [(f"threshold 0.9 block {b}", p.replace(policy="threshold", threshold=0.9, block_size=b)) for b in sizes]
     return grid
+
+
+def speed_grid(base: SamplingParams, block_size: int) -> list[tuple[str, SamplingParams]]:
+    """Speed-only sweep: fixed commit schedules, tokens/s as a function of tokens per forward."""
+    out = [(REFERENCE, base.replace(policy="low_confidence", steps_per_block=block_size))]
+    k = 2
+    while k <= block_size:
+        out.append((f"{k} tokens/forward", base.replace(policy="low_confidence", steps_per_block=block_size // k)))
+        k *= 2
+    return out

@@ -21,16 +21,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="diffusion model (default: the shipped default model)")
     p.add_argument("--ar-model", default="ar-twin", help="autoregressive twin ('none' to skip; default ar-twin)")
     p.add_argument("--tasks", help="comma-separated task names (default: the whole suite)")
-    p.add_argument("--per-task", type=int, help="held-out prompts per task (default 4; --quick 1)")
-    p.add_argument("--variants", default="bf16,int8",
-                   help="model variants to compare, comma-separated from bf16,fp32,int8 (default bf16,int8)")
+    p.add_argument("--per-task", type=int, help="held-out prompts per task (default 2; --quick 1)")
+    p.add_argument("--variants", default="int8",
+                   help="extra rows per model besides its fastest of bf16/fp32: comma-separated from bf16,fp32,int8 "
+                        "(default int8; 'none' for no extra rows)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: the faster of 1 and 2, measured)")
     p.add_argument("--concurrency", type=_int_list, help="concurrency levels (default 1,4,16,32; --quick 1,4)")
-    p.add_argument("--requests-per-level", type=int, help="requests served per concurrency level (default 32)")
+    p.add_argument("--requests-per-level", type=int,
+                   help="requests served per concurrency level, at least one per client (default 16)")
     p.add_argument("--no-sweep", action="store_true", help="skip the policy/threshold/block-size sweep")
     p.add_argument("--no-ar-concurrency", action="store_true",
                    help="run the concurrency sweep on the diffusion model only")
     p.add_argument("--no-structured", action="store_true", help="skip the pinned-vs-free JSON comparison")
+    p.add_argument("--speed-only", type=int, metavar="K",
+                   help="for weights that cannot answer yet: decode every budget in full (EOS ignored), the "
+                        "diffusion model committing K tokens per forward; speed figures only")
     p.add_argument("--quick", action="store_true", help="a few seconds: 1 prompt per task, small sweeps")
     p.add_argument("--out-dir", default="benchmarks", help="where latest.json, latest.md and the PNGs go")
     p.set_defaults(func=run)
@@ -41,12 +46,14 @@ def run(args: argparse.Namespace) -> int:
     from quicksilver.bench.models import VARIANTS
     from quicksilver.bench.report import print_tables
 
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip() and v.strip().lower() != "none"]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         raise ValueError(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
     if args.per_task is not None and args.per_task < 1:
         raise ValueError("--per-task must be >= 1")
+    if args.speed_only is not None and args.speed_only < 1:
+        raise ValueError("--speed-only must be >= 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
     quick = args.quick
@@ -54,16 +61,17 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         ar_model=None if args.ar_model.lower() in ("", "none") else args.ar_model,
         tasks=[t.strip() for t in args.tasks.split(",")] if args.tasks else None,
-        per_task=args.per_task or (1 if quick else 4),
+        per_task=args.per_task or (1 if quick else 2),
         variants=variants,
         threads=args.threads,
         sweep=not args.no_sweep,
         concurrency=args.concurrency or ([1, 4] if quick else [1, 4, 16, 32]),
-        requests_per_level=args.requests_per_level or (4 if quick else 32),
+        requests_per_level=args.requests_per_level or (4 if quick else 16),
         concurrency_ar=not args.no_ar_concurrency,
         structured=not args.no_structured,
         forward_reps=3 if quick else 20,
         quick=quick,
+        fixed_tpf=args.speed_only,
         out_dir=Path(args.out_dir),
     )
     if opts.tasks:
