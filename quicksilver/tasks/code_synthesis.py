@@ -3,9 +3,11 @@ random inputs in a separate, isolated interpreter (``python -I``) with a timeout
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ from quicksilver.tasks.base import (
 )
 
 RUN_TIMEOUT_S = 5.0
+MEMORY_LIMIT = 1 << 30  # bytes of address space for the child interpreter
 
 
 @dataclass(frozen=True)
@@ -231,18 +234,29 @@ def make_instance(rng: random.Random) -> tuple[FunctionSpec, str, dict[str, Any]
     return spec, name, consts, tests
 
 
+def _limit_resources() -> None:  # runs in the child before exec: caps memory and CPU time of model-written code
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CPU, (int(RUN_TIMEOUT_S) + 1, int(RUN_TIMEOUT_S) + 1))
+
+
 def run_tests(code: str, tests: list[str], timeout: float = RUN_TIMEOUT_S) -> bool:
-    """True if ``code`` followed by the asserts exits cleanly in an isolated interpreter within ``timeout``."""
+    """True if ``code`` followed by the asserts exits cleanly in an isolated interpreter (``-I``: no user site,
+    no environment variables, no script folder on the path) run in a scratch folder, within ``timeout``."""
     program = code + "\n\n" + "\n".join(tests) + "\n"
-    try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-c", program],
-            capture_output=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        return False
+    with tempfile.TemporaryDirectory(prefix="qs-code-") as scratch:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-I", "-c", program],
+                capture_output=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                cwd=scratch,
+                preexec_fn=_limit_resources if os.name == "posix" else None,
+            )
+        except subprocess.TimeoutExpired:
+            return False
     return done.returncode == 0
 
 
