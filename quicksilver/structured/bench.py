@@ -55,7 +55,8 @@ def compare_pinned_vs_free(
     loaded: Any, schema: dict, prompt: str, max_tokens: int = 128, seed: int = 0, temperature: float = 0.0,
     chat: bool = True, repeats: int = 1, **param_overrides: Any,
 ) -> dict:
-    """Decode ``prompt`` under the pinned skeleton, then decode the same number of answer tokens freely.
+    """Decode ``prompt`` under the pinned skeleton, then the same number of tokens freely, twice: the whole
+    skeleton canvas (``free``: fillers included) and just the JSON text's tokens (``free_json_length``).
 
     ``loaded`` is a LoadedModel (``quicksilver.checkpoint``) or anything with ``model``, ``tokenizer`` and
     ``defaults``. The free run uses ``ignore_eos`` and ``max_tokens`` = the constrained answer's length so
@@ -70,14 +71,17 @@ def compare_pinned_vs_free(
     ids = tok.encode(text)
     params = loaded.defaults.replace(max_tokens=max_tokens, seed=seed, temperature=temperature, stop=(),
                                      **param_overrides)
-    best_pinned = best_free = float("inf")
+    best_pinned = best_free = best_short = float("inf")
     for _ in range(max(1, repeats)):
         constraint = json_schema_constraint(schema, tok, max_tokens=max_tokens)
         pinned, t_pinned = _decode(decoder, ids, params, constraint)
         best_pinned = min(best_pinned, t_pinned)
-        length = len(pinned.token_ids)
+        length = len(pinned.token_ids)  # the canvas the skeleton occupied (slot fillers included)
+        json_len = sum(1 for t in pinned.token_ids if t != constraint.lex.filler_id)  # the JSON text itself
         free, t_free = _decode(decoder, ids, params.replace(max_tokens=length, ignore_eos=True), None)
         best_free = min(best_free, t_free)
+        short, t_short = _decode(decoder, ids, params.replace(max_tokens=json_len, ignore_eos=True), None)
+        best_short = min(best_short, t_short)
     layout = constraint.plan(max_tokens).head
     try:
         constraint.validate(pinned.text)
@@ -91,14 +95,17 @@ def compare_pinned_vs_free(
         free_parses = False
     return {
         "answer_tokens": length,
+        "json_tokens": json_len,
         "pinned_tokens": sum(1 for t in layout.tokens if t >= 0),
         "slot_tokens": sum(s.length for s in layout.slots),
         "pinned": {"forwards": pinned.stats.forwards, "wall_s": round(best_pinned, 4), "valid": pinned_valid,
                    "finish_reason": pinned.finish_reason},
         "free": {"forwards": free.stats.forwards, "wall_s": round(best_free, 4), "parses_as_json": free_parses},
+        "free_json_length": {"forwards": short.stats.forwards, "wall_s": round(best_short, 4)},
         "forwards_saved": free.stats.forwards - pinned.stats.forwards,
         "forward_ratio": round(free.stats.forwards / max(1, pinned.stats.forwards), 3),
         "time_ratio": round(best_free / max(best_pinned, 1e-9), 3),
+        "forward_ratio_json_length": round(short.stats.forwards / max(1, pinned.stats.forwards), 3),
         "pinned_text": pinned.text,
         "free_text": free.text,
     }

@@ -211,9 +211,33 @@ class StructuredConstraint(Constraint):
         fill = out & (tokens == self.lex.filler_id)
         if bool(fill.any()):
             state.fixed[positions[fill]] = True
+        self._pin_forced(state, run, trial, positions, out)
         if not run.complete:
             self._maybe_expand(state, run, positions, tokens, out)
         return out
+
+    def _pin_forced(
+        self, state: DecodeState, run: _Run, trial: dict[int, list[int]], positions: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """Pin open slot positions that have exactly one possible token left (the rest of a filler run,
+        the tail of an enum alternative): they then cost no forward at all."""
+        touched = {int(run.slot_at[int(p) - run.base]) for p in positions[out].tolist()
+                   if 0 <= int(p) - run.base < run.layout.length}
+        for s in touched - {-1}:
+            slot = run.layout.slots[s]
+            cols = list(trial[s])
+            # trial columns include rejected tries reset to -1, and accepted ones: exactly the new commitments
+            free = [i for i, c in enumerate(cols) if c < 0]
+            if not free:
+                continue
+            masks = slot.solver.masks(cols, free)
+            ids = slot.automaton.token_ids
+            for off in free:
+                allowed = np.flatnonzero(masks[off])
+                if allowed.size == 1:
+                    p = run.base + slot.offset + off
+                    state.tokens[p] = int(ids[allowed[0]])
+                    state.committed[p] = state.fixed[p] = True
 
     def _maybe_expand(
         self, state: DecodeState, run: _Run, positions: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor

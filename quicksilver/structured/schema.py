@@ -131,11 +131,9 @@ class SchemaCompiler:
         if alts is not None:
             return self.choice(alts, depth, one_of="oneOf" in schema)
         types = schema.get("type")
-        if isinstance(types, list) or schema.get("nullable") is True:
-            options = list(types) if isinstance(types, list) else [types]
-            if schema.get("nullable") is True and "null" not in options:
-                options.append("null")
-            base = {k: v for k, v in schema.items() if k not in ("type", "nullable")}
+        if isinstance(types, list):  # ("nullable" is OpenAPI, not JSON Schema: ignored, null never emitted)
+            options = list(types)
+            base = {k: v for k, v in schema.items() if k != "type"}
             return self.choice([{**base, "type": t} for t in options], depth, one_of=False)
         if types is None:  # infer from keywords
             if "properties" in schema:
