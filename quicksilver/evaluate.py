@@ -95,12 +95,18 @@ def evaluate(
     for name in names:
         task = get_task(name)
         examples = eval_examples(name, n, seed)
-        prompts = [tok.encode(render_prompt(ex, tok)) for ex in examples]
+        prompts, items = {}, []
+        for i, ex in enumerate(examples):
+            try:
+                prompts[i] = tok.encode(render_prompt(ex, tok))
+            except Exception as exc:  # e.g. a foreign chat template that rejects tools or the tool role: wrong
+                items.append(ItemResult(i, False, f"<prompt not renderable: {exc}>", 0, 0, "error"))
         budget = max_tokens or MAX_TOKENS.get(name, base.max_tokens)
-        task_params = [base.replace(max_tokens=budget)] * len(examples)
-        items: list[ItemResult] = []
+        order = sorted(prompts)
+        task_params = [base.replace(max_tokens=budget)] * len(order)
         started = time.perf_counter()
-        for i, state in _run_batch(decoder, prompts, task_params, batch_size):
+        for k, state in _run_batch(decoder, [prompts[i] for i in order], task_params, batch_size):
+            i = order[k]
             output = tok.decode(state.answer_ids, skip_special_tokens=False)
             if state.stop_text is not None:
                 output = state.stop_text
@@ -115,7 +121,7 @@ def evaluate(
             "accuracy": correct / len(items), "correct": correct, "count": len(items),
             "tokens": tokens, "forwards": forwards, "tokens_per_forward": tokens / forwards if forwards else 0.0,
             "seconds": seconds, "tokens_per_second": tokens / seconds if seconds else 0.0,
-            "max_tokens": budget,
+            "max_tokens": budget, "render_errors": sum(r.finish_reason == "error" for r in items),
         }
         if keep_outputs:
             metrics["outputs"] = [{"index": r.index, "correct": r.correct, "output": r.output,

@@ -54,3 +54,18 @@ def test_cli_writes_json(tiny_dir, tmp_path, capsys):
 def test_cli_rejects_unknown_task(tiny_dir, capsys):
     assert main(["eval", "--model", str(tiny_dir), "--tasks", "nope"]) == 2
     assert "unknown task" in capsys.readouterr().err
+
+
+def test_unrenderable_prompts_count_as_wrong(tiny_dir, monkeypatch):
+    loaded = load_pretrained(tiny_dir)
+    original = loaded.tokenizer.apply_chat_template
+
+    def no_tools(messages, tools=None, **kw):  # like a foreign template without tool support
+        if tools:
+            raise ValueError("this template has no tools")
+        return original(messages, tools=tools, **kw)
+
+    monkeypatch.setattr(loaded.tokenizer, "apply_chat_template", no_tools)
+    report = evaluate(loaded, ["tool_call"], n=2, max_tokens=4)
+    m = report["tasks"]["tool_call"]
+    assert m["count"] == 2 and m["correct"] == 0 and m["render_errors"] == 2
