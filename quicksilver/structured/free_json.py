@@ -4,7 +4,9 @@ With no schema there is no skeleton to pin beyond the opening brace, so this con
 from the left: at the first open position only tokens that keep the text a viable JSON prefix *and* leave
 enough canvas to close every open string/array/object are allowed; proposals at later positions are
 committed while they extend that prefix validly (so a confident model still commits several tokens per
-forward). The byte machine is JSON with nesting depth <= ``MAX_DEPTH``; its states are built lazily.
+forward). The byte machine is JSON with nesting depth <= ``MAX_DEPTH`` and ``json.dumps`` spacing (one
+optional space after ``:`` and ``,``, no other whitespace, so a model cannot stall in blank lines); its
+states are built lazily.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
     from quicksilver.decoding.denoise import DecodeState
 
 MAX_DEPTH = 8
-_WS = frozenset(b" \n")
 _DIGITS = frozenset(b"0123456789")
 _LITERALS = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}
 
@@ -108,14 +109,14 @@ def step(state: Hashable, b: int) -> Hashable | None:
         if b != text[i]:
             return None
         return _after_value(stack) if i + 1 == len(text) else (stack, "lit", (text, i + 1))
-    if b in _WS and mode != "done":
-        return state
+    if b == 0x20 and mode in ("key", "val") and sub == "fresh":
+        return (stack, mode, "spaced")  # one space after ":" or "," (json.dumps style), nothing more
     if mode in ("key?", "key"):
         if b == 0x22:
             return (stack, "ks", "N")
         return _close(stack, b) if mode == "key?" else None
     if mode == ":":
-        return (stack, "val", None) if b == ord(":") else None
+        return (stack, "val", "fresh") if b == ord(":") else None
     if mode in ("val?", "val"):
         r = _start_value(stack, b)
         if r is None and mode == "val?":
@@ -123,7 +124,7 @@ def step(state: Hashable, b: int) -> Hashable | None:
         return r
     if mode == "after":
         if b == ord(","):
-            return (stack, "key", None) if stack[-1] == "o" else (stack, "val", None)
+            return (stack, "key", "fresh") if stack[-1] == "o" else (stack, "val", "fresh")
         return _close(stack, b)
     return None
 
