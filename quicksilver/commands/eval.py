@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     for name in tasks or ():
         if name not in TASKS:
             raise LookupError(f"unknown task {name!r} (known: {', '.join(TASKS)})")
+    if args.n < 1 or args.batch_size < 1:
+        raise ValueError("--n and --batch-size must be >= 1")
     loaded = load_model(args.model)
     changes = {k: v for k, v in (("policy", args.policy), ("threshold", args.threshold),
                                  ("block_size", args.block_size)) if v is not None}
