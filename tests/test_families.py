@@ -326,6 +326,26 @@ def test_prompts_ending_at_and_around_a_model_block_boundary(replica_root, fp32_
         assert _decode_checked(replica_root / family, family, loaded, params.replace(cache="auto"), prompt) == plain
 
 
+def test_first_token_of_a_model_block_is_committed_at_once_with_token_shift(fp32_models):
+    """Fast-dLLM v2: a block's first token comes from the finished previous block, so it is final at the
+    block's first step (their generate appends it greedily); the rest of the block follows the policy."""
+    loaded = fp32_models["fast_dllm_v2"]
+    mb = loaded.model.config.block_size
+    params = loaded.defaults.replace(max_tokens=2 * mb, ignore_eos=True, threshold=1.0)  # else one token per step
+    decoder = Decoder(loaded.model, loaded.tokenizer, params)
+    block_starts = 0
+    for seed in range(4):
+        prompt = torch.randint(0, 290, (2 * mb,), generator=torch.Generator().manual_seed(seed)).tolist()
+        state = decoder.start(prompt, params)
+        while not state.finished:
+            frontier, done = state.frontier, int(state.committed.sum())
+            decoder.step([state])
+            if frontier % mb == 0:
+                block_starts += 1
+                assert state.committed[frontier] and 1 <= int(state.committed.sum()) - done <= 2
+    assert block_starts == 8
+
+
 def test_convert_writes_our_layout_with_the_same_outputs(replica_root, tmp_path, capsys):
     src, dst = replica_root / "llada2", tmp_path / "converted"
     assert cli_main(["convert", str(src), str(dst)]) == 0

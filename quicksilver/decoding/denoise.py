@@ -287,6 +287,12 @@ class DecodeState:
         if cand.numel():
             ctx = StepContext(self.step_in_block, self.block_end - self.block_start)
             keep = self.policy.select(conf[cand], probs[cand], ctx)
+            if self.shift and self.mode == "block_causal":
+                # the first token of a model block is predicted from the previous block; once that block is
+                # finished nothing can change the prediction, so commit it at once (Fast-dLLM v2 appends it
+                # greedily before decoding the rest of the block)
+                first = positions[cand]
+                keep = keep | ((first % self.model_block == 0) & (first == self.frontier))
             if self.constraint is not None:
                 keep = self.constraint.allow_commits(self, positions[cand], tokens[cand], keep)
             chosen = cand[keep]
