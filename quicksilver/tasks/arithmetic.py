@@ -155,6 +155,10 @@ _WP_FRAMES = (
     "{q} Context: {story}",
     "Help me with my homework. {story} {q}",
     "{story} {q} Think step by step.",
+    "My kid asked me this: {story} {q}",
+    "{story} So, {q}",
+    "Math question. {story} {q} Explain briefly.",
+    "Riddle me this: {story} {q}",
 )
 
 

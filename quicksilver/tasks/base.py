@@ -113,8 +113,14 @@ SMALL_TALK: tuple[tuple[str, str], ...] = (
 
 
 _QUICK_MATH = (
-    "What is {a} + {b}?", "{a} plus {b}?", "Add {a} and {b}.", "Quick: {a} + {b}",
-    "What's {a} + {b}?", "Sum {a} and {b}.", "{a} + {b} = ?", "Can you add {a} and {b}?",
+    "What is {a} + {b}?",
+    "{a} plus {b}?",
+    "Add {a} and {b}.",
+    "Quick: {a} + {b}",
+    "What's {a} + {b}?",
+    "Sum {a} and {b}.",
+    "{a} + {b} = ?",
+    "Can you add {a} and {b}?",
 )
 
 

@@ -212,6 +212,10 @@ _ASKS = (
     "Give me Python code for {sig}: it {doc}.",
     "Create a function {sig}. It should do this: it {doc}.",
     "Please write {sig}; the function {doc}. Only the code.",
+    "Code {sig} in Python; it {doc}.",
+    "Write {sig}. Spec: it {doc}.",
+    "Python function please: {sig}, which {doc}.",
+    "Need a quick Python helper {sig} that {doc}.",
 )
 _CODE_SYSTEMS = (
     "You are a Python expert. Reply with code only.",

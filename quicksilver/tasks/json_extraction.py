@@ -238,6 +238,10 @@ _ASKS = (
     "Schema:\n{schema}\nInput: {text}\nJSON:",
     "Please parse this into structured data ({schema}): {text}",
     "Give me a JSON object for: {text}\nIt must validate against {schema}",
+    "Turn this text into JSON. Schema: {schema}\n{text}",
+    "{text}\nI need that as a JSON object ({schema}).",
+    "Structured output please. Schema {schema}. Source text: {text}",
+    "Map the following onto the schema {schema} and reply with the JSON.\n{text}",
 )
 _JSON_SYSTEMS = (
     "You extract structured data. Reply with JSON only.",

@@ -35,6 +35,10 @@ _CD_ASKS = (
     "Numbers: {nums}. Target: {target}. Give the equations.",
     "How can I get {target} using {nums} once each with + - * and /?",
     "Find equations that turn {nums} into {target}.",
+    "Target {target}. Numbers {nums}. Solve it.",
+    "Get to {target} with {nums}; each number exactly once.",
+    "Can you make {target} from {nums} using + - * /?",
+    "Puzzle: use {nums} (once each) to reach {target}.",
 )
 _PLAN_SYSTEMS = (
     "You solve number and logic puzzles. Reply with the solution only.",
@@ -119,6 +123,10 @@ _SUDOKU_ASKS = (
     "Solve:\n{board}",
     "Can you finish this Sudoku?\n{board}",
     "Please solve the following 4x4 puzzle where 0 marks an empty cell.\n{board}",
+    "Mini sudoku, 0 means empty:\n{board}",
+    "Fill the zeros:\n{board}",
+    "Here's a 4 by 4 sudoku, solve it please.\n{board}",
+    "Sudoku (4x4, blanks are 0):\n{board}\nAnswer with the full grid.",
 )
 
 Board = list[list[int]]

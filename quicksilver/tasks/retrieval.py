@@ -90,6 +90,10 @@ _ASKS = (
     "{q}\n\nHere is what I found:\n{passages}",
     "Documents:\n{passages}\nUsing the documents, {q}",
     "I have some notes:\n{passages}\n{q} Answer only from the notes.",
+    "Sources:\n{passages}\n\nQuestion: {q}",
+    "{passages}\n\n{q} Use only these passages.",
+    "Answer using the snippets below.\n{passages}\n{q}",
+    "Given these facts:\n{passages}\nWhat is the answer? {q}",
 )
 _RAG_SYSTEMS = (
     "Answer only from the provided passages. If they do not contain the answer, say so.",
