@@ -137,7 +137,7 @@ def prepare_corpus(folder: str | Path | None = None, force: bool = False) -> dic
             manifest["sources"][name] = {"available": False, "kind": kind}
             continue
         size = docs = 0
-        tmp = folder / f"{name}.jsonl.tmp"
+        tmp = folder / f"{name}.jsonl.{os.getpid()}.tmp"  # two trainers may prepare at once: no shared temp file
         with tmp.open("w", encoding="utf-8") as out:
             for doc in reader():
                 out.write(json.dumps(doc, ensure_ascii=False) + "\n")
@@ -147,7 +147,9 @@ def prepare_corpus(folder: str | Path | None = None, force: bool = False) -> dic
                     break
         tmp.replace(folder / f"{name}.jsonl")
         manifest["sources"][name] = {"available": True, "kind": kind, "documents": docs, "bytes": size}
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp_manifest = folder / f"{MANIFEST}.{os.getpid()}.tmp"
+    tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp_manifest.replace(manifest_path)  # atomic: readers see no manifest or a complete one
     return manifest
 
 
