@@ -115,3 +115,15 @@ def test_stats_and_show_command(fake_corpus, task_tok, capsys):
     assert corpus["python_docs"]["tokens"] > 0
     assert main(["data", "show", "--task", "sudoku", "--split", "eval", "--n", "1"]) == 0
     assert "<|assistant|>" in capsys.readouterr().out
+
+
+def test_prepare_corpus_caps_sources_and_records_absent_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_mod, "SOURCES", {
+        "present": (lambda: iter(["x" * 100] * 50), lambda: True, 1000, "text"),
+        "missing": (lambda: iter(()), lambda: False, 1000, "text"),
+    })
+    manifest = corpus_mod.prepare_corpus(tmp_path)
+    assert manifest["sources"]["present"] == {"available": True, "kind": "text", "documents": 10, "bytes": 1000}
+    assert manifest["sources"]["missing"]["available"] is False
+    assert corpus_mod.load_corpus(tmp_path) == {"present": ["x" * 100] * 10}
+    assert not list(tmp_path.glob("*.tmp"))
