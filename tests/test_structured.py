@@ -239,12 +239,24 @@ def test_parse_tool_calls():
     ({"type": "object", "properties": {}, "required": ["ghost"]}, "ghost"),
     ({"$ref": "https://example.com/s.json"}, "local"),
     ({"type": "integer", "minimum": 5, "maximum": 4}, "no value"),
-    ({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"},
-     "recursive|deeper"),
+    ({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}},
+      "$ref": "#/$defs/n"}, "recursive"),
 ])
 def test_unsupported_schemas_raise(tok, schema, feature):
     with pytest.raises(UnsupportedSchema, match=feature):
         json_schema_constraint(schema, tok, max_tokens=64)
+
+
+def test_optional_property_that_cannot_be_enforced_is_left_out(tok):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "pattern": "x+"},
+                                               "c": False}, "required": ["a"]}
+    c = json_schema_constraint(schema, tok, max_tokens=32)
+    text = tok.decode([t for t in c.plan(32).head.tokens if t >= 0])
+    assert '"a": ' in text and '"b"' not in text and '"c"' not in text
+    tree = {"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
+        "type": "array", "items": {"$ref": "#/$defs/n"}}}, "required": ["v"]}}, "$ref": "#/$defs/n"}
+    c = json_schema_constraint(tree, tok, max_tokens=32)  # the recursive optional branch is left out
+    assert tok.decode([t for t in c.plan(32).head.tokens if t >= 0]).startswith('{"v": ')
 
 
 def test_format_is_an_annotation_when_not_strict(tok):

@@ -83,6 +83,8 @@ class TokenAutomaton:
         exempt = np.array([bool(auto.exempt(s)) if auto.exempt else False for s in states] + [False])
         # run every (non-special, non-empty) token from every state, byte column by byte column
         cand = np.nonzero((lex.lengths > 0) & ~lex.special)[0]
+        live_first = (bnext >= 0).any(axis=0)  # bytes some state can read: prune dead tokens early
+        cand = cand[live_first[lex.byte_matrix[cand, 0]]]
         cur = np.tile(np.arange(n, dtype=np.int32)[:, None], (1, cand.size))
         added = np.zeros((n, cand.size), dtype=np.int32)
         lengths = lex.lengths[cand]

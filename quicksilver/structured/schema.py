@@ -68,6 +68,7 @@ class SchemaCompiler:
             raise UnsupportedSchema("the schema must be a JSON object")
         self.root = root
         self.strict = strict
+        self._active: list[str] = []  # $refs being expanded (recursion check)
         try:
             jsonschema.validators.validator_for(root).check_schema(root)
         except jsonschema.SchemaError as exc:
@@ -108,6 +109,19 @@ class SchemaCompiler:
     def value(self, schema: Any, depth: int) -> list[Piece]:
         if depth > _MAX_DEPTH:
             raise UnsupportedSchema(f"schema nesting deeper than {_MAX_DEPTH} levels (recursive schema?)")
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if ref is None:
+            return self._value(schema, depth)
+        if ref in self._active:
+            # a recursive $ref: optional properties that recurse are left out by object(); required ones fail
+            raise UnsupportedSchema(f"recursive $ref {ref!r} in a required position")
+        self._active.append(ref)
+        try:
+            return self._value(schema, depth)
+        finally:
+            self._active.pop()
+
+    def _value(self, schema: Any, depth: int) -> list[Piece]:
         schema = self.resolve(schema, depth)
         if schema is True or schema == {}:
             return [Slot(("union", (("qstring",), _num(False), ("literals", ("true", "false", "null")))),
@@ -216,9 +230,19 @@ class SchemaCompiler:
         if schema.get("minProperties", 0) > len(names):
             raise UnsupportedSchema("minProperties needs properties that are not listed")
         pieces: list[Piece] = ["{"]
-        for i, name in enumerate(names):
-            pieces.append((", " if i else "") + dumps(name) + ": ")
-            pieces.extend(self.value(props[name], depth + 1))
+        emitted = 0
+        for name in names:
+            try:
+                value = self.value(props[name], depth + 1)
+            except UnsupportedSchema:
+                if name in required:
+                    raise
+                continue  # an optional property we cannot enforce is left out (still valid)
+            pieces.append((", " if emitted else "") + dumps(name) + ": ")
+            pieces.extend(value)
+            emitted += 1
+        if emitted < schema.get("minProperties", 0):
+            raise UnsupportedSchema("minProperties needs optional properties that cannot be enforced")
         pieces.append("}")
         return pieces
 
