@@ -252,3 +252,47 @@ def test_index_cli(tmp_path, folder, capsys):
     assert cli(["index", "--index", idx, "add", str(tmp_path / "missing.md")]) == 2
     err = capsys.readouterr().err
     assert "no such index" in err and "missing.md" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------------------------- with a model
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from quicksilver.testing import save_tiny_model
+
+    folder = tmp_path_factory.mktemp("ragmodel") / "tiny"
+    save_tiny_model(folder, max_position_embeddings=4096)  # passages are long in the tiny byte-level vocabulary
+    return folder
+
+
+def test_server_retrieval_extension_lists_sources(doc_index, tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    from quicksilver.api.server import create_app
+    from quicksilver.loading import load_model
+
+    app = create_app(load_model(str(tiny_model_dir)), index_path=str(doc_index))
+    with TestClient(app) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "max_tokens": 8, "retrieval": {"k": 2},
+                "messages": [{"role": "user", "content": "How steep is the Velin Pass rack railway?"}]}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        sources = r.json()["sources"]
+        assert len(sources) == 2 and Path(sources[0]["path"]).name == "velin_pass_railway.md"
+        r = client.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "railway"})
+        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+        bad = client.post("/v1/chat/completions", json={**body, "retrieval": {"k": 0}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("retrieval")
+
+
+def test_ask_cli_with_and_without_retrieval(doc_index, tiny_model_dir, capsys):
+    args = ["ask", "Who kept the Fenwick Point light?", "--index", str(doc_index), "--model", str(tiny_model_dir),
+            "--max-tokens", "8", "-k", "2", "--json"]
+    assert cli(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert Path(out["sources"][0]["path"]).name == "fenwick_lighthouse.html"
+    assert out["prompt_tokens"] > 100 and out["stats"]["forwards"] >= 1  # the passages are in the prompt
+    assert cli(args + ["--no-retrieval"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert bare["sources"] == [] and bare["prompt_tokens"] < out["prompt_tokens"]
+    assert cli(["ask", "x", "--index", str(doc_index) + ".missing"]) == 2

@@ -241,6 +241,10 @@ class Index:
         on_result: Callable[[AddResult], None] | None = None,
     ) -> list[AddResult]:
         """Ingest files/folders. Unchanged files (same SHA-256) are skipped; changed ones replace their chunks."""
+        paths = list(paths)
+        missing = [str(p) for p in paths if not Path(p).exists()]
+        if missing:  # check everything first: a typo in the last path should not cost a long ingest
+            raise FileNotFoundError(f"{', '.join(missing)}: no such file or folder")
         results = []
         for file, explicit in iter_files(paths):
             result = self._add_file(file, explicit, max_chars, overlap_chars, force)
@@ -360,7 +364,7 @@ class Index:
             (q, n)).fetchall()
         return [(int(r[0]), -float(r[1])) for r in rows]  # bm25() is lower-is-better; flip so higher is better
 
-    def search(self, query: str, k: int = 5, mode: str = "hybrid", query_vector: np.ndarray | None = None) -> list[Hit]:
+    def search(self, query: str, k: int = 5, mode: str = "vector", query_vector: np.ndarray | None = None) -> list[Hit]:
         if not isinstance(query, str) or not query.strip():
             raise IndexStoreError("the search query is empty")
         if k < 1:
