@@ -62,11 +62,10 @@ def _batch_hist_max(samples) -> float:
     return largest
 
 
-@pytest.mark.parametrize("mode", ["block_causal", "bidirectional"])
-@pytest.mark.parametrize("stagger", [False, True])
+@pytest.mark.parametrize(("mode", "stagger"), [("block_causal", True), ("bidirectional", True), ("causal", False)])
 def test_batch_invariance_at_temperature_zero(mode, stagger):
     lm = loaded(mode)
-    params = [SamplingParams(max_tokens=24, temperature=0.0)] * 4
+    params = [SamplingParams(max_tokens=16, temperature=0.0)] * 4
     alone, batched, samples = run(alone_then_batched(lm, params, stagger))
     assert _batch_hist_max(samples) >= 2, "the requests were never batched together"
     assert all(len(a) > 0 for a in alone)
@@ -76,18 +75,23 @@ def test_batch_invariance_at_temperature_zero(mode, stagger):
 def test_per_request_parameters_are_honoured_inside_a_batch():
     lm = loaded("block_causal")
     params = [
-        SamplingParams(max_tokens=24, temperature=0.0, threshold=0.5),
+        SamplingParams(max_tokens=12, temperature=0.0, threshold=0.5),
         SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=11),
-        SamplingParams(max_tokens=16, temperature=0.0, policy="low_confidence"),
-        SamplingParams(max_tokens=20, temperature=0.7, top_k=5, seed=3),
+        SamplingParams(max_tokens=8, temperature=0.0, policy="low_confidence"),
+        SamplingParams(max_tokens=12, temperature=0.7, top_k=5, seed=3),
     ]
     alone, batched, _ = run(alone_then_batched(lm, params, stagger=True))
     assert batched == alone
     assert [len(a) <= sp.max_tokens for a, sp in zip(alone, params, strict=True)] == [True] * 4
     # and each matches a plain single-request decode with the same parameters (and the engine's kernel)
     dec = Decoder(lm.model, lm.tokenizer, lm.defaults)
-    with sdpa_kernel([SDPBackend.MATH]):
-        direct = [dec.generate(chat_ids(p), sp).token_ids for p, sp in zip(PROMPTS, params, strict=True)]
+
+    def direct_decode():
+        with sdpa_kernel([SDPBackend.MATH]):
+            return [dec.generate(chat_ids(p), sp).token_ids for p, sp in zip(PROMPTS, params, strict=True)]
+
+    # on the engine's model thread: a second thread running torch ops can be far slower on a busy 2-core box
+    direct = run(Engine(lm).run_in_worker(direct_decode))
     assert alone == direct
 
 

@@ -115,7 +115,7 @@ class SamplingFields(Strict):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_p: float | None = Field(default=None, ge=0, le=1)  # 0 means greedy
     top_k: int | None = Field(default=None, ge=0)  # extension (vLLM-style)
     n: int = Field(default=1, ge=1, le=16)
     stop: StopField = None

@@ -183,7 +183,10 @@ def build_params(
     if req.temperature is not None:
         changes["temperature"] = req.temperature
     if req.top_p is not None:
-        changes["top_p"] = req.top_p
+        if req.top_p == 0:  # some clients send 0 for "most likely token only"
+            changes["temperature"] = 0.0
+        else:
+            changes["top_p"] = req.top_p
     if req.top_k is not None:
         changes["top_k"] = req.top_k
     if req.seed is not None:

@@ -1,9 +1,9 @@
 """The serving engine: continuous batching over :meth:`Decoder.step`, no HTTP inside.
 
 One background task owns the decode loop. Every iteration it admits waiting requests into free batch
-slots, drops cancelled ones, runs ONE batched ``Decoder.step`` over all running requests in a worker
-thread (so the event loop keeps serving HTTP meanwhile) and then pushes each request's progress into its
-own asyncio queue. A request that arrives while others decode therefore joins the very next forward.
+slots, drops cancelled ones, runs ONE batched ``Decoder.step`` over all running requests on the engine's
+own worker thread (so the event loop keeps serving HTTP meanwhile) and then pushes each request's progress
+into its own asyncio queue. A request that arrives while others decode therefore joins the very next forward.
 
 Batch invariance: a request decoded at temperature 0 gives the same tokens alone or batched. Batched
 forwards pad inputs and keys; the fused CPU attention kernels round differently with the padded length,
@@ -19,6 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -137,6 +138,8 @@ class Engine:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closing = False
+        # every forward runs on this one thread: one OpenMP team for the model, and the event loop stays free
+        self._worker: ThreadPoolExecutor | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -156,7 +159,15 @@ class Engine:
             return
         self._closing = False
         self._wakeup = asyncio.Event()
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="quicksilver-engine")
         self._task = asyncio.create_task(self._loop(), name="quicksilver-engine")
+
+    async def run_in_worker(self, fn, *args):
+        """Run ``fn(*args)`` on the engine's model thread (e.g. a direct decode that should not compete)."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="quicksilver-engine")
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     async def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop taking requests; with ``drain`` finish the running and queued ones first."""
@@ -175,6 +186,9 @@ class Engine:
                 self._wakeup.set()
                 await self._task
             self._task = None
+        if self._worker is not None:
+            self._worker.shutdown(wait=False)  # the thread (and its OpenMP team) exits once idle
+            self._worker = None
 
     # -- requests ----------------------------------------------------------------------------------
     @property
@@ -252,33 +266,48 @@ class Engine:
     async def _loop(self) -> None:
         assert self._wakeup is not None
         while True:
-            self._admit()
-            self.running = [h for h in self.running if not self._drop_if_cancelled(h)]
-            self.metrics.running.set(len(self.running))
-            if not self.running:
-                if self._closing and not self.waiting:
-                    return
-                self._wakeup.clear()
-                if not self.waiting:
-                    await self._wakeup.wait()
-                continue
-            batch = list(self.running)
-            states = [h.state for h in batch]
-            before = sum(int(s.committed.sum()) for s in states)
-            t0 = time.perf_counter()
             try:
-                errors = await asyncio.to_thread(self._step_blocking, states)
-            except Exception as exc:  # noqa: BLE001 - the single request in the batch failed
-                log.exception("decode step failed")
-                errors = [exc]
-            seconds = time.perf_counter() - t0
-            after = sum(int(s.committed.sum()) for s in states)
-            self.metrics.record_step(len(states), seconds, max(0, after - before))
-            for h, err in zip(batch, errors, strict=True):
-                self._publish(h, err)
-            self.running = [h for h in self.running if not h.done]
-            self.metrics.running.set(len(self.running))
-            await asyncio.sleep(0)  # let HTTP handlers run between steps
+                if await self._iteration():
+                    return
+            except Exception as exc:  # noqa: BLE001 - never leave requests hanging on a dead loop
+                log.exception("engine loop error; failing the running requests")
+                for h in self.running:
+                    if not h.done:
+                        self._close(h, "error", StepUpdate(committed_ids=[], error=exc))
+                self.running = []
+                await asyncio.sleep(0)
+
+    async def _iteration(self) -> bool:
+        """One admit + step + publish round; True when the loop should end (closing and idle)."""
+        assert self._wakeup is not None
+        self._admit()
+        self.running = [h for h in self.running if not self._drop_if_cancelled(h)]
+        self.metrics.running.set(len(self.running))
+        if not self.running:
+            if self._closing and not self.waiting:
+                return True
+            self._wakeup.clear()
+            if not self.waiting:
+                await self._wakeup.wait()
+            return False
+        batch = list(self.running)
+        states = [h.state for h in batch]
+        before = sum(s.committed_prefix_len for s in states)
+        t0 = time.perf_counter()
+        try:
+            errors = await self.run_in_worker(self._step_blocking, states)
+        except Exception as exc:  # noqa: BLE001 - the single request in the batch failed
+            log.exception("decode step failed")
+            errors = [exc]
+        seconds = time.perf_counter() - t0
+        after = sum(s.committed_prefix_len for s in states)
+        self.metrics.record_step(len(states), seconds, max(0, after - before))
+        for h, err in zip(batch, errors, strict=True):
+            self._publish(h, err)
+        self.running = [h for h in self.running if not h.done]
+        self.metrics.running.set(len(self.running))
+        await asyncio.sleep(0)  # let HTTP handlers run between steps
+        return False
 
     def _drop_if_cancelled(self, h: RequestHandle) -> bool:
         if h.cancelled and not h.done:
