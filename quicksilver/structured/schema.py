@@ -22,6 +22,8 @@ from typing import Any
 
 import jsonschema
 
+from quicksilver.structured.regex import FORMATS, compile_pattern
+
 
 class UnsupportedSchema(ValueError):
     """The schema uses a feature the constrained decoder cannot enforce (the server answers 400)."""
@@ -46,7 +48,7 @@ _IGNORED = {
     "contentMediaType", "$anchor", "name",
 }
 _UNSUPPORTED = {
-    "pattern": "string patterns", "patternProperties": "patternProperties", "multipleOf": "multipleOf",
+    "patternProperties": "patternProperties", "multipleOf": "multipleOf",
     "not": "not", "if": "if/then/else", "then": "if/then/else", "else": "if/then/else",
     "dependentRequired": "dependentRequired", "dependentSchemas": "dependentSchemas",
     "dependencies": "dependencies", "contains": "contains", "propertyNames": "propertyNames",
@@ -99,8 +101,10 @@ class SchemaCompiler:
             if key in _UNSUPPORTED:
                 raise UnsupportedSchema(f"JSON schema keyword {key!r} ({_UNSUPPORTED[key]}) is not supported "
                                         "by constrained decoding")
-        if "format" in schema and self.strict:
-            raise UnsupportedSchema(f"string format {schema['format']!r} cannot be enforced in strict mode")
+        fmt = schema.get("format")
+        if fmt is not None and self.strict and (fmt not in FORMATS or "pattern" in schema):
+            raise UnsupportedSchema(f"string format {fmt!r} cannot be enforced in strict mode"
+                                    + (" together with a pattern" if fmt in FORMATS else ""))
 
     # -- entry -----------------------------------------------------------------------------------------
     def compile(self) -> list[Piece]:
@@ -289,8 +293,16 @@ class SchemaCompiler:
         hi = schema.get("maxLength")
         if hi is not None and hi < lo:
             raise UnsupportedSchema("maxLength < minLength")
+        pattern = schema.get("pattern")
+        if pattern is None and schema.get("format") in FORMATS:  # known formats are enforced as patterns
+            pattern = FORMATS[schema["format"]]
+        if pattern is not None:
+            try:
+                compile_pattern(pattern)
+            except ValueError as exc:
+                raise UnsupportedSchema(f"pattern {pattern!r}: {exc}") from None
         budget = STRING_TOKENS if hi is None else max(1, min(STRING_TOKENS, int(hi)))
-        return Slot(("string", lo, None if hi is None else int(hi)), max(budget, lo), True)
+        return Slot(("string", lo, None if hi is None else int(hi), pattern), max(budget, lo), True)
 
     def number_slot(self, schema: dict, integer: bool) -> Slot:
         def bound(key: str) -> tuple[str | None, bool]:
@@ -330,16 +342,14 @@ def _as_simple(pieces: list[Piece]) -> tuple | None:
         return ("literals", (text,))
     if len(pieces) == 3 and pieces[0] == '"' and pieces[2] == '"' and isinstance(pieces[1], Slot):
         spec = pieces[1].spec
-        if spec[1:] == (0, None):
-            return ("qstring",)
-        return spec  # a counted string: callers must not put it in a union
+        return ("qstring",) if spec[1:] == (0, None, None) else ("qstring", *spec[1:])
     return None
 
 
 def _quoted(spec: tuple) -> tuple:
     """The spec of a simple value as a whole JSON value (strings with their quotes)."""
     if spec[0] == "string":
-        return ("qstring",) if spec[1:] == (0, None) else ("qstring", *spec[1:])
+        return ("qstring",) if spec[1:] == (0, None, None) else ("qstring", *spec[1:])
     if spec[0] == "union":
         return ("union", tuple(_quoted(s) for s in spec[1]))
     return spec
@@ -347,7 +357,7 @@ def _quoted(spec: tuple) -> tuple:
 
 def _counted(spec: tuple) -> bool:
     if spec[0] in ("string", "qstring"):
-        return len(spec) > 1 and spec[1:] != (0, None)
+        return len(spec) > 1 and (spec[1] > 0 or spec[2] is not None)
     if spec[0] == "union":
         return any(_counted(s) for s in spec[1])
     return False

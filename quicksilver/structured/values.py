@@ -2,9 +2,10 @@
 
 Specs are hashable tuples so compiled automata can be cached per vocabulary:
 
-* ``("string", min_len, max_len)``: the characters between two pinned quotes (escapes, no raw control
-  characters, valid UTF-8, no lone surrogate escapes); length counted in characters as ``len()`` does.
-* ``("qstring",)``: a whole quoted string (used inside unions and arrays).
+* ``("string", min_len, max_len, pattern)``: the characters between two pinned quotes (escapes, no raw
+  control characters, valid UTF-8, no lone surrogate escapes); length counted in characters as ``len()``
+  does; with a pattern, ASCII text matching it (see ``regex.py``).
+* ``("qstring", ...)``: the same as a whole quoted string (used inside unions and arrays).
 * ``("number", integer, lo, hi, lo_exclusive, hi_exclusive)``: JSON number syntax, bounds as decimal
   strings or None; bounded numbers are written without exponent.
 * ``("literals", (text, ...))``: exactly one of some JSON texts (enum values, true/false).
@@ -361,10 +362,13 @@ def array_items(item: ByteAutomaton, min_items: int, max_items: int | None) -> B
 
 def build(spec: tuple) -> ByteAutomaton | None:
     kind = spec[0]
-    if kind == "string":
-        return string_content(spec[1], spec[2])
-    if kind == "qstring":
-        return quoted_string(*spec[1:])
+    if kind in ("string", "qstring"):
+        lo, hi, pattern = (spec[1:] + (0, None, None)[len(spec) - 1:])[:3]
+        if pattern is not None:
+            from quicksilver.structured.regex import pattern_content
+
+            return pattern_content(pattern, lo, hi, quoted=kind == "qstring")
+        return string_content(lo, hi) if kind == "string" else quoted_string(lo, hi)
     if kind == "number":
         return number(*spec[1:])
     if kind == "literals":
