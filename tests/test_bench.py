@@ -109,3 +109,19 @@ def test_speed_only_schedule_forces_full_budgets_and_fixed_commits(tiny_models):
     assert 16 // 4 <= rec.forwards <= 16 // 2
     labels = [label for label, _ in speed_grid(p_bc, 8)]
     assert labels == ["1 token/step", "2 tokens/forward", "4 tokens/forward", "8 tokens/forward"]
+
+
+def _model_row(variant, tps, acc, reference=False):
+    return {"kind": "diffusion", "variant": variant, "reference": reference,
+            "summary": {"tokens_per_second": tps, "accuracy": acc}}
+
+
+def test_int8_is_the_headline_only_where_it_keeps_accuracy():
+    from quicksilver.bench.runner import choose_headline
+
+    rows = [_model_row("fp32", 100.0, 0.60, reference=True), _model_row("int8", 180.0, 0.58)]
+    assert choose_headline(rows, "diffusion") == "fp32"  # 2 points lost: int8 is not kept
+    assert [r["headline"] for r in rows] == [True, False]
+    rows[1]["summary"]["accuracy"] = 0.595
+    assert choose_headline(rows, "diffusion") == "int8"
+    assert choose_headline(rows, "diffusion", trust_accuracy=False) == "fp32"  # speed-only: stay with the reference

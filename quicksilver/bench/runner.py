@@ -37,6 +37,7 @@ class BenchOptions:
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
     requests_per_level: int = 16
     concurrency_ar: bool = True
+    batch_invariant: bool = True  # the engine's default: math attention kernel, same tokens alone or batched
     structured: bool = True
     forward_reps: int = 20
     quick: bool = False
@@ -67,6 +68,19 @@ def _float_variant(fwd: list[dict], model: str) -> str:
     """The faster of bf16 / fp32 for ``model`` in the forward benchmark (the fair baseline dtype)."""
     rows = [r for r in fwd if r["model"] == model and r["variant"] in ("bf16", "fp32")]
     return min(rows, key=lambda r: r["ms_per_forward"])["variant"] if rows else "bf16"
+
+
+def choose_headline(models: list[dict], kind: str, trust_accuracy: bool = True) -> str:
+    """The variant a model is served and compared with: the fastest measured row whose accuracy is within one
+    point of its float reference (int8 is kept only where it keeps accuracy). Without trustworthy accuracy
+    (speed-only runs) the float reference itself. Marks that row ``headline``."""
+    rows = [m for m in models if m["kind"] == kind]
+    ref = next(m for m in rows if m["reference"])
+    ok = [m for m in rows if m["summary"]["accuracy"] >= ref["summary"]["accuracy"] - 0.01] if trust_accuracy else [ref]
+    pick = max(ok, key=lambda m: m["summary"]["tokens_per_second"])
+    for m in rows:
+        m["headline"] = m is pick
+    return pick["variant"]
 
 
 def targets(results: dict) -> list[dict]:
@@ -174,7 +188,7 @@ def run_bench(opts: BenchOptions) -> dict:
             dec = Decoder(prepare(ld.model, v), ld.tokenizer, ld.defaults)
             decoders[(kind, v)] = dec
             configs.append((kind, v, ld.name, ld, Config(f"{ld.name} [{v}]", dec, _base_params(ld, opts),
-                                                         {"headline": v == head})))
+                                                         {"reference": v == head})))
     _log(f"models: {len(prompts)} prompts x {[c[4].label for c in configs]}")
     diff_cfgs = [c[4] for c in configs if c[0] == "diffusion"]
     ar_cfgs = [c[4] for c in configs if c[0] == "ar"]
@@ -184,14 +198,18 @@ def run_bench(opts: BenchOptions) -> dict:
     else:
         recs = run_interleaved(diff_cfgs, prompts)
     results["models"] = [
-        {"label": cfg.label, "kind": kind, "variant": v, "model": name, "headline": cfg.meta["headline"],
+        {"label": cfg.label, "kind": kind, "variant": v, "model": name, "reference": cfg.meta["reference"],
          "params": {k: val for k, val in vars(cfg.params).items() if k != "extra"},
          "summary": summarise(recs[cfg.label])}
         for kind, v, name, _ld, cfg in configs
     ]
+    serving = {kind: choose_headline(results["models"], kind, trust_accuracy=not opts.fixed_tpf)
+               for kind in ("diffusion", "ar") if any(m["kind"] == kind for m in results["models"])}
+    results["serving_variant"] = serving
+    _log(f"headline variants (fastest within 1 point of the float model's accuracy): {serving}")
 
     # 3. sweep over policies / thresholds / block sizes on the diffusion model (headline variant)
-    head_v = _float_variant(fwd, "diffusion")
+    head_v = serving["diffusion"]
     if opts.sweep:
         block = diff_loaded.model.config.block_size
         grid = (speed_grid(_base_params(diff_loaded, opts), block) if opts.fixed_tpf
@@ -213,11 +231,11 @@ def run_bench(opts: BenchOptions) -> dict:
         if ar_loaded is not None and opts.concurrency_ar:
             runs.append(("ar", ar_loaded, ar_prompts))
         for kind, ld, ps in runs:
-            v = _float_variant(fwd, kind)
+            v = serving[kind]
             _log(f"concurrency {opts.concurrency} for {kind} [{v}]")
             results["concurrency"][kind] = concurrency_sweep(
                 with_model(ld, decoders[(kind, v)].model), _base_params(ld, opts), ps, opts.concurrency,
-                opts.requests_per_level)
+                opts.requests_per_level, batch_invariant=opts.batch_invariant)
 
     # 5. structured output: pinned skeleton vs free generation
     if opts.structured:

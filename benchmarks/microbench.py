@@ -1,0 +1,135 @@
+"""Micro-experiments behind docs/performance.md (run: python benchmarks/microbench.py EXPERIMENT).
+
+Each experiment times alternatives round-robin on one thread and prints medians in microseconds, so the
+machine's load (shared cores) hits every alternative alike. Shapes are those of the shipped default model
+(hidden 256, 4 heads of 64, 2 KV heads, MLP 704, vocab 4096, blocks of 32) unless a flag says otherwise.
+
+  linear      F.linear bf16 / fp32, oneDNN-prepacked bf16, int8 dynamic, for 1 / 32 / 64 / 1024 rows
+  fused       separate q,k,v and gate,up projections vs one concatenated matmul
+  attention   SDPA with an all-true mask vs no mask (what a cached steady-state step could pass)
+  compile     torch.compile(freezing) of the whole block forward vs eager, plus its compile time
+"""
+
+# ruff: noqa: B023  (the lambdas are timed immediately, inside the loop that binds their variables)
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+warnings.simplefilter("ignore")
+
+
+def timed(fns: dict, n: int = 200) -> dict[str, float]:
+    ts: dict[str, list[float]] = {k: [] for k in fns}
+    for f in fns.values():
+        for _ in range(5):
+            f()
+    for _ in range(n):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            ts[k].append(time.perf_counter() - t0)
+    return {k: round(statistics.median(v) * 1e6, 1) for k, v in ts.items()}
+
+
+def linear(hidden: int, inter: int, vocab: int) -> None:
+    from torch.ao.quantization import quantize_dynamic
+    from torch.utils import mkldnn
+
+    for rows in (1, 32, 64, 1024):
+        for k, n in ((hidden, inter), (inter, hidden), (hidden, vocab)):
+            lin = torch.nn.Linear(k, n, bias=False).eval()
+            lb = copy.deepcopy(lin).bfloat16()
+            mk = mkldnn.to_mkldnn(copy.deepcopy(lin), torch.bfloat16)
+            q8 = quantize_dynamic(torch.nn.Sequential(copy.deepcopy(lin)), {torch.nn.Linear}, dtype=torch.qint8)
+            x = torch.randn(rows, k)
+            xb = x.bfloat16()
+            with torch.inference_mode():
+                r = timed({"fp32": lambda: lin(x), "bf16": lambda: lb(xb), "bf16_prepacked": lambda: mk(xb),
+                           "int8_dynamic": lambda: q8(x)}, 100)
+            print(f"rows {rows:5d} {k}x{n}: {r}")
+
+
+def fused(hidden: int, inter: int, heads: int, kv: int, head_dim: int) -> None:
+    for rows in (32, 64):
+        x = torch.randn(rows, hidden, dtype=torch.bfloat16)
+        ws = [torch.randn(n, hidden, dtype=torch.bfloat16) for n in (heads * head_dim, kv * head_dim, kv * head_dim)]
+        wf = torch.cat(ws)
+        g = [torch.randn(inter, hidden, dtype=torch.bfloat16) for _ in range(2)]
+        gf = torch.cat(g)
+        print(f"rows {rows} qkv", timed({"separate": lambda: [F.linear(x, w) for w in ws],
+                                           "fused": lambda: F.linear(x, wf)}))
+        print(f"rows {rows} gate/up", timed({
+            "separate": lambda: F.silu(F.linear(x, g[0])) * F.linear(x, g[1]),
+            "fused": lambda: (lambda gu: F.silu(gu[:, :inter]) * gu[:, inter:])(F.linear(x, gf))}))
+
+
+def attention(heads: int, kv: int, head_dim: int) -> None:
+    for t, s in ((32, 232), (32, 456), (1, 233)):
+        q = torch.randn(1, heads, t, head_dim, dtype=torch.bfloat16)
+        k = torch.randn(1, kv, s, head_dim, dtype=torch.bfloat16)
+        v = torch.randn(1, kv, s, head_dim, dtype=torch.bfloat16)
+        m = torch.ones(1, 1, t, s, dtype=torch.bool)
+        print(f"T {t} S {s}", timed({
+            "all-true mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+            "no mask": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)}))
+
+
+def compiled(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int) -> None:
+    import torch._inductor.config as inductor_config
+
+    from quicksilver.config import ModelConfig
+    from quicksilver.model import Transformer, attention_mask
+
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, intermediate_size=inter, block_size=32, mask_token_id=3)
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval().bfloat16()
+    ids = torch.randint(4, vocab, (1, 232))
+    pos = torch.arange(232).unsqueeze(0)
+    q = pos[:, 200:]
+    mask = attention_mask("block_causal", q, pos, 32).unsqueeze(1)
+    with torch.inference_mode():
+        _, past = model(ids[:, :200], pos[:, :200])
+    inductor_config.freezing = True
+    cm = torch.compile(model, dynamic=False)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        cm(ids[:, 200:], q, mask, past)
+    print(f"compile time {time.perf_counter() - t0:.1f} s (one shape; every new (T, S) recompiles)")
+    with torch.inference_mode():
+        print("block forward", timed({"eager": lambda: model(ids[:, 200:], q, mask, past),
+                                      "compiled": lambda: cm(ids[:, 200:], q, mask, past)}, 30))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("experiment", choices=("linear", "fused", "attention", "compile"))
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=704)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    head_dim = a.hidden // a.heads
+    if a.experiment == "linear":
+        linear(a.hidden, a.intermediate, a.vocab)
+    elif a.experiment == "fused":
+        fused(a.hidden, a.intermediate, a.heads, a.kv_heads, head_dim)
+    elif a.experiment == "attention":
+        attention(a.heads, a.kv_heads, head_dim)
+    else:
+        compiled(a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab)
+
+
+if __name__ == "__main__":
+    main()
