@@ -105,10 +105,11 @@ class TokenAutomaton:
         self.fill = n
         self.filler_col = self.token_ids.size if lex.filler_id is not None else None
         cols = self.token_ids.size + (1 if lex.filler_id is not None else 0)
-        self.next = np.full((n + 1, cols), -1, dtype=np.int32)
-        self.inc = np.zeros((n + 1, cols), dtype=np.int32)
+        # int16 tables: states are capped at 4000 and per-token increments are small (memory with 150k vocabs)
+        self.next = np.full((n + 1, cols), -1, dtype=np.int16)
+        self.inc = np.zeros((n + 1, cols), dtype=np.int16)
         self.next[:n, : self.token_ids.size] = nxt_tab
-        self.inc[:n, : self.token_ids.size] = inc_tab
+        self.inc[:n, : self.token_ids.size] = np.minimum(inc_tab, np.iinfo(np.int16).max)
         if lex.filler_id is not None:
             self.token_ids = np.append(self.token_ids, lex.filler_id)
             # filler only after a complete value; it ends the counted part, so an exempt value (one that
@@ -117,8 +118,8 @@ class TokenAutomaton:
             self.next[acc, self.filler_col] = n
             if exempt.any():
                 n_all = n + 2
-                self.next = np.vstack([self.next, np.full((1, cols), -1, dtype=np.int32)])
-                self.inc = np.vstack([self.inc, np.zeros((1, cols), dtype=np.int32)])
+                self.next = np.vstack([self.next, np.full((1, cols), -1, dtype=np.int16)])
+                self.inc = np.vstack([self.inc, np.zeros((1, cols), dtype=np.int16)])
                 self.next[np.nonzero(exempt[:n])[0], self.filler_col] = n + 1
                 self.next[n + 1, self.filler_col] = n + 1
                 accept = np.append(accept, True)
@@ -249,7 +250,8 @@ class SlotSolver:
     the pair of sets, so a decode step only recomputes what its commits changed.
     """
 
-    _MEMO_LIMIT = 50_000
+    _MEMO_LIMIT = 4096  # reachable-set entries (small arrays)
+    _MASK_LIMIT = 64  # vocabulary-sized masks
 
     def __init__(self, automaton: TokenAutomaton):
         self.a = automaton
@@ -258,9 +260,11 @@ class SlotSolver:
         self._masks: dict[bytes, np.ndarray] = {}
 
     def _trim(self) -> None:
-        for memo in (self._fwd, self._bwd, self._masks):
+        for memo in (self._fwd, self._bwd):
             if len(memo) > self._MEMO_LIMIT:
                 memo.clear()
+        if len(self._masks) > self._MASK_LIMIT:
+            self._masks.clear()
 
     def _forward(self, cols: list[int]) -> list[np.ndarray]:
         a = self.a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,7 @@ from quicksilver.structured.values import UnionError, build
 from quicksilver.tokenizer import Tokenizer
 
 MAX_SLOT_TOKENS = 64  # flexible slots grow up to this when the canvas has room
+AUTOMATA_PER_VOCABULARY = 48  # compiled value automata kept per tokenizer (LRU)
 
 
 @dataclass
@@ -38,8 +40,10 @@ class Layout:
 
 
 def automaton_for(spec: tuple, lex: Lexicon) -> TokenAutomaton:
-    cache: dict = lex.__dict__.setdefault("_automata", {})
+    cache: OrderedDict = lex.__dict__.setdefault("_automata", OrderedDict())
     auto = cache.get(spec)
+    if auto is not None:
+        cache.move_to_end(spec)
     if auto is None:
         try:
             byte_auto = build(spec)
@@ -52,6 +56,8 @@ def automaton_for(spec: tuple, lex: Lexicon) -> TokenAutomaton:
         except TooManyStates as exc:
             raise UnsupportedSchema(f"{_describe(spec)} is too complex to enforce ({exc})") from None
         cache[spec] = auto
+        while len(cache) > AUTOMATA_PER_VOCABULARY:  # bounded: servers see many different schemas
+            cache.popitem(last=False)
     return auto
 
 
