@@ -135,39 +135,42 @@ class StructuredConstraint(Constraint):
     def mask_logits(self, state: DecodeState, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         run = self._runs[state]
         n, vocab = logits.shape
-        allow = torch.zeros((n, vocab), dtype=torch.bool)
+        allow = np.zeros((n, vocab), dtype=bool)
         rel = (positions - run.base).tolist()
+        committed = state.committed[positions].tolist()
+        current = state.tokens[positions].tolist()
         by_slot: dict[int, list[int]] = {}
         for i, r in enumerate(rel):
-            pos = int(positions[i])
             if r >= run.layout.length:
                 if run.complete:
                     allow[i, run.end_id] = True  # after the skeleton: only the end of the answer
                 else:
                     allow[i] = True  # not laid out yet; never committed (see allow_commits)
-                    allow[i, list(state.end_ids.tolist())] = False
+                    allow[i, [e for e in state.end_ids.tolist() if e < vocab]] = False
                 continue
             s = int(run.slot_at[r])
-            if s < 0 or bool(state.committed[pos]):  # pinned, or a committed token: keep it
-                allow[i, int(state.tokens[pos])] = True
+            if s < 0 or committed[i]:  # pinned, or a committed token: keep it
+                allow[i, current[i]] = True
                 continue
             by_slot.setdefault(s, []).append(i)
         filler = self.lex.filler_id
+        pad_rows: list[int] = []
+        pad_closers: list[np.ndarray] = []
         for s, rows in by_slot.items():
             slot = run.layout.slots[s]
-            cols = self._slot_cols(state, run, slot)
             offsets = [rel[i] - slot.offset for i in rows]
-            masks = slot.solver.masks(cols, offsets)
+            masks = slot.solver.masks(self._slot_cols(state, run, slot), offsets)
             ids = slot.automaton.token_ids
+            keep = ids < vocab
             for i, off in zip(rows, offsets, strict=True):
-                ok = ids[masks[off]]
-                ok = ok[ok < vocab]
-                allow[i, torch.from_numpy(ok)] = True
-                if bool(allow[i, filler]) and slot.closers.size:
-                    # "end this value" mass (closing quote, comma, brace, end token) moves to the filler
-                    closers = torch.from_numpy(np.append(slot.closers[slot.closers < vocab], filler))
-                    logits[i, filler] = torch.logsumexp(logits[i, closers], dim=0)
-        return logits.masked_fill(~allow, float("-inf"))
+                allow[i, ids[masks[off] & keep]] = True
+                if allow[i, filler] and slot.closers.size:
+                    pad_rows.append(i)
+                    pad_closers.append(np.append(slot.closers[slot.closers < vocab], filler))
+        for i, closers in zip(pad_rows, pad_closers, strict=True):
+            # "end this value" mass (closing quote, comma, brace, end token) moves to the filler
+            logits[i, filler] = torch.logsumexp(logits[i, torch.from_numpy(closers)], dim=0)
+        return logits.masked_fill(~torch.from_numpy(allow), float("-inf"))
 
     def allow_commits(
         self, state: DecodeState, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
