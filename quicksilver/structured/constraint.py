@@ -258,7 +258,8 @@ class StructuredConstraint(Constraint):
                 done[r] = True
         if not bool(done.all()):
             return
-        text = self.tokenizer.decode([t for t in toks.tolist() if t != self.lex.filler_id])
+        # the slot's bytes, as its automaton read them (exactly one of the escaped tool names)
+        text = b"".join(self.lex.token_bytes(t) for t in toks.tolist() if t != self.lex.filler_id).decode("utf-8")
         tail = plan.tails[text]
         run.layout = _concat(plan.head, tail)
         run.complete = True
