@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("question", help="the question ('-' reads standard input)")
     p.add_argument("--index", required=True, help="index file built with `quicksilver index add`")
     p.add_argument("-k", type=int, default=4, help="passages to retrieve (default 4)")
-    p.add_argument("--mode", choices=("vector", "hybrid", "bm25"), default="vector")
+    p.add_argument("--mode", choices=("hybrid", "vector", "bm25"), default="hybrid")
     p.add_argument("--no-retrieval", action="store_true", help="ask the model without passages (for comparison)")
     p.add_argument("--show-prompt", action="store_true", help="print the augmented messages first")
     p.add_argument("--json", action="store_true", help="print answer, sources and stats as JSON")

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     search = actions.add_parser("search", help="search the index")
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5, help="number of passages (default 5)")
-    search.add_argument("--mode", choices=("vector", "hybrid", "bm25"), default="vector")
+    search.add_argument("--mode", choices=("hybrid", "vector", "bm25"), default="hybrid")
     search.add_argument("--json", action="store_true", help="print the hits as JSON")
     p.set_defaults(func=run)
 

@@ -79,14 +79,14 @@ def format_passages(hits: list[Hit]) -> str:
                        for i, h in enumerate(hits, 1))
 
 
-def retrieve(index_path: str | Path, query: str, k: int = 5, mode: str = "vector") -> list[Hit]:
+def retrieve(index_path: str | Path, query: str, k: int = 5, mode: str = "hybrid") -> list[Hit]:
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
         raise IndexStoreError(f"retrieval k must be an integer from 1 to {MAX_K}, got {k!r}")
     return open_index(index_path).search(query, k=k, mode=mode)
 
 
 def augment_messages(
-    index_path: str | Path, messages: list[dict], k: int = 5, mode: str = "vector"
+    index_path: str | Path, messages: list[dict], k: int = 5, mode: str = "hybrid"
 ) -> tuple[list[dict], list[dict]]:
     """(new messages, sources). The passages for the last user message go into the system turn (appended to an
     existing system message, else a new one first); the input list is not modified."""

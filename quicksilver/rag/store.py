@@ -4,6 +4,10 @@ Why vectors in plain SQLite + numpy rather than sqlite-vec: at 100k chunks a num
 cached matrix was faster than sqlite-vec's brute-force scan and needs no native extension (numbers in
 docs/rag.md). Each document is written in one transaction, so a crash mid-ingest leaves either the old version of
 that document or the new one, never half of it; WAL mode lets a server read while the CLI adds.
+
+Search is hybrid by default (vector ranks and FTS5 BM25 ranks fused by reciprocal rank): on the task suite's
+invented-name retrieval questions it found the right passage first far more often than vectors alone, and it tied
+the best mode on the shipped document set (docs/rag.md).
 """
 
 from __future__ import annotations
@@ -364,7 +368,7 @@ class Index:
             (q, n)).fetchall()
         return [(int(r[0]), -float(r[1])) for r in rows]  # bm25() is lower-is-better; flip so higher is better
 
-    def search(self, query: str, k: int = 5, mode: str = "vector", query_vector: np.ndarray | None = None) -> list[Hit]:
+    def search(self, query: str, k: int = 5, mode: str = "hybrid", query_vector: np.ndarray | None = None) -> list[Hit]:
         if not isinstance(query, str) or not query.strip():
             raise IndexStoreError("the search query is empty")
         if k < 1:
