@@ -296,3 +296,40 @@ def test_ask_cli_with_and_without_retrieval(doc_index, tiny_model_dir, capsys):
     bare = json.loads(capsys.readouterr().out)
     assert bare["sources"] == [] and bare["prompt_tokens"] < out["prompt_tokens"]
     assert cli(["ask", "x", "--index", str(doc_index) + ".missing"]) == 2
+
+
+def _tiny_pdf(text: str) -> bytes:
+    """A one-page PDF with one line of Helvetica text, xref offsets computed (no PDF writer needed)."""
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for i, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
+def test_pdf_reader(tmp_path, monkeypatch):
+    pdf = tmp_path / "memo.pdf"
+    pdf.write_bytes(_tiny_pdf("The vault code is 4471."))
+    try:
+        import pypdf  # noqa: F401
+    except ImportError:
+        pypdf = None
+    if pypdf is not None:
+        doc = read_document(pdf)
+        assert doc.kind == "pdf" and "vault code is 4471" in doc.text
+    monkeypatch.setitem(sys.modules, "pypdf", None)  # as if pypdf were not installed
+    with pytest.raises(ReaderError, match="pip install pypdf"):
+        read_document(pdf)
