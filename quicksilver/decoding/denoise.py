@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quicksilver.decoding.batching import group_by_length
 from quicksilver.decoding.constraints import Constraint
 from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
@@ -382,7 +383,12 @@ class Decoder:
         if not live:
             return
         plans = [s.plan() for s in live]
-        outputs = self._forward(plans)
+        outputs: list = [None] * len(plans)
+        # one forward per group of similar input lengths: padding a batch of one-block steps to a newly
+        # admitted prompt's length would multiply the work of the whole batch
+        for group in group_by_length([p.input_ids.numel() for p in plans]):
+            for i, out in zip(group, self._forward([plans[i] for i in group]), strict=True):
+                outputs[i] = out
         for st, plan, (hidden_rows, new_kv) in zip(live, plans, outputs, strict=True):
             if plan.store is not None:
                 row, pos, n = plan.store
