@@ -127,6 +127,31 @@ def test_step_limit_stops_the_loop():
     assert result.stopped_because == "step_limit" and result.answer is None and len(calls) == 1
 
 
+def test_retry_loop_is_stopped():
+    """A model that keeps making the same call is told so, and the episode ends after MAX_REPEATS identical calls."""
+    from quicksilver.agent.loop import MAX_REPEATS, REPEAT_NOTE
+
+    app = FastAPI()
+    sent: list[dict] = []
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        sent.append(await request.json())
+        call = {"id": f"c{len(sent)}", "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'}}
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                             "finish_reason": "tool_calls"}]}
+
+    with serve_in_thread(app) as url:
+        result = run_agent(OpenAI(base_url=url, api_key="x", max_retries=0), "m", "t", build_tools(["calculator"]),
+                           max_steps=10)
+    assert result.stopped_because == "repeated_calls" and len(result.steps) == MAX_REPEATS
+    assert result.steps[0].tool_calls[0].observation == "2"
+    assert result.steps[1].tool_calls[0].observation == "2" + REPEAT_NOTE
+    assert result.forwards is None  # this endpoint reports no diffusion_stats
+
+
 # --------------------------------------------------------------------------------------------- live server
 @pytest.fixture(scope="module")
 def tiny_loaded(tmp_path_factory):

@@ -11,6 +11,9 @@ from typing import Any
 
 from quicksilver.agent.tools import Tool
 
+MAX_REPEATS = 3  # the same call (name + arguments) this many times ends the episode: a retry loop, not progress
+REPEAT_NOTE = "\n(note: you already made this exact call; the result is the same. Answer now or try something else.)"
+
 SYSTEM_PROMPT = (
     "You are a careful assistant that solves tasks step by step with tools. Call a tool when you need a fact, a "
     "calculation, a file, or to run code; when you know the answer, reply with the final answer and no tool call."
@@ -44,7 +47,7 @@ class AgentStep:
 class AgentResult:
     task: str
     answer: str | None
-    stopped_because: str  # answer | step_limit
+    stopped_because: str  # answer | step_limit | repeated_calls
     steps: list[AgentStep] = field(default_factory=list)
     total_seconds: float = 0.0
     sources: list[dict] = field(default_factory=list)
@@ -62,6 +65,13 @@ class AgentResult:
         d = asdict(self)
         d.update(forwards=self.forwards, mean_step_seconds=self.mean_step_seconds)
         return d
+
+
+def _canonical(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except ValueError:
+        return arguments
 
 
 def _forwards(response: Any) -> int | None:
@@ -92,6 +102,7 @@ def run_agent(
     messages.append({"role": "user", "content": task})
     result = AgentResult(task, None, "step_limit")
     started = time.perf_counter()
+    seen: dict[tuple[str, str], int] = {}  # (name, canonical arguments) -> times called
     for number in range(1, max_steps + 1):
         request: dict[str, Any] = {"model": model, "messages": messages}
         if tools:
@@ -123,6 +134,10 @@ def run_agent(
                 observation = f"error: unknown tool {call.function.name!r}; available: {', '.join(by_name)}"
             else:
                 observation = tool(call.function.arguments or "{}")
+            key = (call.function.name, _canonical(call.function.arguments or "{}"))
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] > 1:
+                observation += REPEAT_NOTE
             records.append(ToolCallRecord(call.id, call.function.name, call.function.arguments or "", observation,
                                           time.perf_counter() - t1))
             messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})
@@ -134,6 +149,9 @@ def run_agent(
         if not calls:
             result.answer = message.content or ""
             result.stopped_because = "answer"
+            break
+        if max(seen.values()) >= MAX_REPEATS:
+            result.stopped_because = "repeated_calls"
             break
     result.total_seconds = time.perf_counter() - started
     for tool in tools:
