@@ -251,7 +251,7 @@ def test_parse_tool_calls():
     ({"type": "string", "format": "hostname"}, "format"),
     ({"type": "object", "properties": {}, "required": ["ghost"]}, "ghost"),
     ({"$ref": "https://example.com/s.json"}, "local"),
-    ({"type": "integer", "minimum": 5, "maximum": 4}, "no value"),
+    ({"type": "integer", "minimum": 5, "maximum": 4}, "no integer"),
     ({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}},
       "$ref": "#/$defs/n"}, "recursive"),
 ])
@@ -390,3 +390,71 @@ def test_pattern_automaton_agrees_with_re_search(pattern):
         if want and value.endswith("\n") and pattern.endswith("$"):
             continue  # Python's $ also matches before a final newline; we never need that
         assert got == want, (pattern, text)
+
+
+# -- fuzzing: random schemas x random models x random decoding settings ---------------------------------------
+def _maybe(rng: random.Random, p: float, schema: dict, key: str, value) -> None:
+    if rng.random() < p:
+        schema[key] = value
+
+
+def _random_schema(rng: random.Random, depth: int = 0) -> dict:
+    kinds = ["string", "integer", "number", "boolean", "null", "enum", "const", "anyof", "typelist"]
+    if depth < 2:
+        kinds += ["object", "object", "array", "array"]
+    k = rng.choice(kinds)
+    if k == "string":
+        s: dict = {"type": "string"}
+        _maybe(rng, 0.3, s, "minLength", rng.randint(0, 3))
+        _maybe(rng, 0.3, s, "maxLength", s.get("minLength", 0) + rng.randint(0, 5))
+        _maybe(rng, 0.2, s, "pattern", rng.choice(["^[a-z]+$", "x", "^\\d{3}$", "^(ab|cd)*$"]))
+        _maybe(rng, 0.1, s, "format", rng.choice(["date", "uuid", "date-time", "email", "ipv4", "time"]))
+        return s
+    if k in ("integer", "number"):
+        s = {"type": k}
+        _maybe(rng, 0.5, s, "minimum", rng.choice([-10, 0, 1, 2.5, -0.5, 100]))
+        _maybe(rng, 0.5, s, "maximum", s.get("minimum", 0) + rng.choice([0, 1, 3.25, 50, 1000]))
+        _maybe(rng, 0.2, s, "exclusiveMinimum", s.get("minimum", -3) - rng.choice([0, 1]))
+        _maybe(rng, 0.2, s, "exclusiveMaximum", s.get("maximum", 7) + rng.choice([0, 1]))
+        return s
+    if k in ("boolean", "null"):
+        return {"type": k}
+    if k == "enum":
+        values = ["a", "b c", 'q"uote', 1, 2.5, None, True, [1, 2], {"k": "v"}]
+        return {"enum": rng.sample(values, rng.randint(1, 4))}
+    if k == "const":
+        return {"const": rng.choice(["x", 3, None, {"a": [1]}])}
+    if k == "anyof":
+        return {"anyOf": [_random_schema(rng, 2) for _ in range(rng.randint(1, 3))]}
+    if k == "typelist":
+        return {"type": rng.sample(["string", "integer", "null", "boolean", "number"], rng.randint(1, 3))}
+    if k == "object":
+        props = {(f"k{i}" if rng.random() < 0.8 else f'ключ{i}"'): _random_schema(rng, depth + 1)
+                 for i in range(rng.randint(0, 4))}
+        s = {"type": "object", "properties": props, "required": [p for p in props if rng.random() < 0.7]}
+        _maybe(rng, 0.5, s, "additionalProperties", False)
+        return s
+    s = {"type": "array", "items": _random_schema(rng, depth + 1)}
+    _maybe(rng, 0.5, s, "minItems", rng.randint(0, 2))
+    _maybe(rng, 0.5, s, "maxItems", s.get("minItems", 0) + rng.randint(0, 3))
+    _maybe(rng, 0.1, s, "uniqueItems", True)
+    return s
+
+
+def test_fuzzed_schemas_are_valid_or_cleanly_unsupported(decoders, tok):
+    rng = random.Random(1234)
+    decoded = 0
+    for i in range(40):
+        schema = _random_schema(rng)
+        mode = MODES[i % 3]
+        kw = rng.choice([{}, {"threshold": 0.0}, {"policy": "low_confidence", "steps_per_block": 2},
+                         {"remask_threshold": 0.3, "edit_threshold": 0.05}])
+        try:
+            c = json_schema_constraint(schema, tok, strict=bool(i % 2))
+        except UnsupportedSchema:
+            continue
+        state = _decode(decoders[mode], c, i, max_tokens=160, **kw)
+        text, _ = constrained_text(state, tok)
+        jsonschema.validate(json.loads(text), schema)
+        decoded += 1
+    assert decoded >= 30

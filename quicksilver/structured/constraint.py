@@ -91,8 +91,11 @@ class StructuredConstraint(Constraint):
         self._validate = validate
         self._plans: dict[tuple, Plan] = {}
         self._runs: weakref.WeakKeyDictionary[DecodeState, _Run] = weakref.WeakKeyDictionary()
+        # fail early (UnsupportedSchema for values no vocabulary string satisfies; ValueError if the
+        # skeleton cannot fit max_tokens) rather than when decoding starts
+        self.plan(None)
         if max_tokens is not None:
-            self.plan(max_tokens)  # fail early (clear ValueError / UnsupportedSchema) before decoding
+            self.plan(max_tokens)
 
     def plan(self, max_tokens: int | None, end_ids: tuple[int, ...] = ()) -> Plan:
         key = (max_tokens, end_ids)

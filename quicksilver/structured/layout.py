@@ -66,6 +66,11 @@ def _describe(spec: tuple) -> str:
         _, integer, lo, hi, lo_x, hi_x = spec
         kind = "integer" if integer else "number"
         return f"{kind} range [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+    if spec[0] in ("string", "qstring") and len(spec) > 1:
+        lo, hi, pattern = (spec[1:] + (None,))[:3]
+        parts = [f"minLength {lo}" if lo else "", f"maxLength {hi}" if hi is not None else "",
+                 f"pattern {pattern!r}" if pattern else ""]
+        return "a string with " + ", ".join(p for p in parts if p)
     return f"the {spec[0]} value"
 
 

@@ -201,7 +201,15 @@ class SchemaCompiler:
 
     def choice(self, alts: list, depth: int, one_of: bool) -> list[Piece]:
         """A slot over simple alternatives, or the first structured alternative."""
-        compiled = [self.value(a, depth + 1) for a in alts]
+        compiled = []
+        error: UnsupportedSchema | None = None
+        for alt in alts:  # alternatives we cannot enforce are dropped (one valid branch is enough)
+            try:
+                compiled.append(self.value(alt, depth + 1))
+            except UnsupportedSchema as exc:
+                error = error or exc
+        if error is not None and (one_of or not compiled):
+            raise error  # oneOf: a dropped branch might still match what we write
         simple: list[tuple] = []
         for pieces in compiled:
             spec = _as_simple(pieces)
@@ -265,7 +273,12 @@ class SchemaCompiler:
             return self._fixed_items(schemas, depth)
         if max_items is not None and max_items < min_items:
             raise UnsupportedSchema("maxItems < minItems")
-        item_pieces = self.value(items, depth + 1)
+        try:
+            item_pieces = self.value(items, depth + 1)
+        except UnsupportedSchema:
+            if min_items == 0:
+                return ["[]"]  # no item we can write: the empty array is still valid
+            raise
         spec = _as_simple(item_pieces)
         if spec is not None and not _counted(spec) and not schema.get("uniqueItems"):
             per_item = _budget_of(item_pieces) + 2
@@ -302,7 +315,9 @@ class SchemaCompiler:
             except ValueError as exc:
                 raise UnsupportedSchema(f"pattern {pattern!r}: {exc}") from None
         budget = STRING_TOKENS if hi is None else max(1, min(STRING_TOKENS, int(hi)))
-        return Slot(("string", lo, None if hi is None else int(hi), pattern), max(budget, lo), True)
+        spec = ("string", lo, None if hi is None else int(hi), pattern)
+        _require_value(spec, "string with these length/pattern constraints")
+        return Slot(spec, max(budget, lo), True)
 
     def number_slot(self, schema: dict, integer: bool) -> Slot:
         def bound(key: str) -> tuple[str | None, bool]:
@@ -323,6 +338,7 @@ class SchemaCompiler:
             if ex_hi is not None and (hi is None or Decimal(str(ex_hi)) <= Decimal(hi)):
                 hi, hi_x = str(Decimal(str(ex_hi))), True
         spec = ("number", integer, lo, hi, lo_x, hi_x)
+        _require_value(spec, f"{'integer' if integer else 'number'} in this range")
         digits = max((len(b.split(".")[0]) for b in (lo, hi) if b is not None), default=0)
         return Slot(spec, max(NUMBER_TOKENS, digits + 4), True)
 
@@ -388,3 +404,39 @@ def _first_bytes_disjoint(specs: list[tuple]) -> bool:
             return False
         seen |= firsts
     return True
+
+
+def _require_value(spec: tuple, what: str) -> None:
+    """UnsupportedSchema now (at compile time, so optional properties can be left out) if no value exists."""
+    from quicksilver.structured.automata import TooManyStates, enumerate_states
+    from quicksilver.structured.values import build
+
+    auto = build(spec)
+    if auto is None:
+        raise UnsupportedSchema(f"no {what} exists")
+    try:
+        states, nxt, inc = enumerate_states(auto)
+    except TooManyStates as exc:
+        raise UnsupportedSchema(f"{what}: {exc}") from None
+    # shortest accepted byte string with an acceptable count: BFS over (state, count) up to the bounds
+    cap = (auto.count_max if auto.count_max is not None else auto.count_min) if auto.counted else 0
+    seen = {(0, 0)}
+    frontier = [(0, 0)]
+    while frontier:
+        nxt_frontier = []
+        for s, c in frontier:
+            if auto.accept(states[s]) and (not auto.counted or c >= auto.count_min):
+                return
+            for b in range(256):
+                t = int(nxt[s, b])
+                if t < 0:
+                    continue
+                c2 = c + int(inc[s, b]) if auto.counted else 0
+                if auto.count_max is not None and c2 > auto.count_max:
+                    continue
+                key = (t, min(c2, cap))
+                if key not in seen:
+                    seen.add(key)
+                    nxt_frontier.append(key)
+        frontier = nxt_frontier
+    raise UnsupportedSchema(f"no {what} exists")

@@ -377,5 +377,8 @@ def build(spec: tuple) -> ByteAutomaton | None:
         parts = tuple(build(s) for s in spec[1])
         return union(tuple(p for p in parts if p is not None))
     if kind == "array":
-        return array_items(build(spec[1]), spec[2], spec[3])
+        item = build(spec[1])
+        if item is None:  # no item value exists: only the empty array, if allowed
+            return None if spec[2] > 0 else array_items(literals(()), 0, 0)
+        return array_items(item, spec[2], spec[3])
     raise ValueError(f"unknown value spec {spec!r}")
