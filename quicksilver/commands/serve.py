@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index", help="retrieval index file for requests with \"retrieval\": {\"k\": N}")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="seconds to finish in-flight requests after SIGTERM")
+    p.add_argument("--threads", type=int,
+                   help="torch intra-op threads (default: torch's choice; 1 is often faster on a busy machine)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
 
@@ -30,11 +32,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-batch must be >= 1 and --max-queue >= 0")
     if args.index is not None and not os.path.exists(args.index):
         raise FileNotFoundError(f"{args.index}: index file not found")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError("--threads must be >= 1")
+    import torch
     import uvicorn
 
     from quicksilver.api.server import create_app
     from quicksilver.loading import load_model
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
                      served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue)
