@@ -111,6 +111,19 @@ SCHEMAS = {
         "required": ["code", "loose", "day", "id", "codes"],
         "additionalProperties": False,
     },
+    "object_arrays_anyof": {
+        "type": "object",
+        "properties": {
+            "lines": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+                "type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
+                "required": ["sku", "qty"], "additionalProperties": False}},
+            "pay": {"anyOf": [
+                {"type": "object", "properties": {"card": {"type": "string"}}, "required": ["card"]},
+                {"type": "object", "properties": {"iban": {"enum": ["A", "B"]}}, "required": ["iban"]},
+                {"type": "null"}]},
+        },
+        "required": ["lines", "pay"],
+    },
     "top_level_array": {"type": "array", "items": {"type": "number", "minimum": 0.5, "maximum": 3}, "minItems": 2},
     "top_level_enum": {"enum": ["alpha", "beta", "gamma"]},
 }

@@ -211,12 +211,16 @@ class SchemaCompiler:
         if error is not None and (one_of or not compiled):
             raise error  # oneOf: a dropped branch might still match what we write
         simple: list[tuple] = []
+        structured = None
         for pieces in compiled:
             spec = _as_simple(pieces)
             if spec is None:
-                if one_of and len(alts) > 1:
+                structured = structured or pieces
+                spec = _flatten(pieces)
+            if spec is None or (one_of and structured is not None and len(compiled) > 1):
+                if one_of and len(compiled) > 1:
                     raise UnsupportedSchema("oneOf with object or array alternatives is not supported")
-                return pieces
+                return structured  # deterministic: the first object/array alternative, skeleton pinned
             simple.append(spec)
         if len(simple) == 1:
             return compiled[0]
@@ -280,6 +284,8 @@ class SchemaCompiler:
                 return ["[]"]  # no item we can write: the empty array is still valid
             raise
         spec = _as_simple(item_pieces)
+        if spec is None:  # an object/array item: one automaton for the whole item, if it has no counter
+            spec = _flatten(item_pieces)
         if spec is not None and not _counted(spec) and not schema.get("uniqueItems"):
             per_item = _budget_of(item_pieces) + 2
             shown = max(min_items, min(ARRAY_ITEMS, max_items if max_items is not None else ARRAY_ITEMS))
@@ -380,7 +386,20 @@ def _counted(spec: tuple) -> bool:
 
 
 def _budget_of(pieces: list[Piece]) -> int:
-    return sum(p.budget if isinstance(p, Slot) else 1 for p in pieces)
+    return sum(p.budget if isinstance(p, Slot) else max(1, len(p) // 3) for p in pieces)
+
+
+def _flatten(pieces: list[Piece]) -> tuple | None:
+    """A compiled object/array as one ("seq", ...) value spec, or None if a part needs its own counter."""
+    parts: list[tuple] = []
+    for p in _merge(list(pieces)):
+        if isinstance(p, str):
+            parts.append(("lit", p))
+        elif _counted(p.spec) or p.spec[0] == "array":
+            return None
+        else:
+            parts.append(p.spec)
+    return ("seq", tuple(parts))
 
 
 def _merge(pieces: list[Piece]) -> list[Piece]:

@@ -11,6 +11,8 @@ Specs are hashable tuples so compiled automata can be cached per vocabulary:
 * ``("literals", (text, ...))``: exactly one of some JSON texts (enum values, true/false).
 * ``("union", (spec, ...))``: any one of several value automata.
 * ``("array", item_spec, min_items, max_items)``: the inside of ``[...]``: items separated by ``, ``.
+* ``("seq", (part, ...))``: fixed text ``("lit", text)`` and values one after another (an object whose
+  keys the model must write itself: used for variable-length arrays of objects and anyOf of objects).
 """
 
 from __future__ import annotations
@@ -337,6 +339,49 @@ def union(autos: tuple[ByteAutomaton, ...]) -> ByteAutomaton:
     return ByteAutomaton(tuple(x.start for x in autos), step, accept, a.count_min, a.count_max, True, exempt)
 
 
+def sequence(parts: tuple[ByteAutomaton | bytes, ...]) -> ByteAutomaton:
+    """Parts one after another (fixed text and uncounted value automata): a whole object as one value.
+
+    A part is left as soon as the next byte cannot continue it (JSON values never continue into the
+    ``,``/``}``/``"`` that follows them), so the parse is deterministic and only valid texts are accepted.
+    """
+    n = len(parts)
+
+    def enter(i: int) -> Hashable:
+        return 0 if isinstance(parts[i], bytes) else parts[i].start
+
+    def done(i: int, sub: Hashable) -> bool:
+        part = parts[i]
+        return sub == len(part) if isinstance(part, bytes) else part.accept(sub)
+
+    def inside(i: int, sub: Hashable, b: int) -> Hashable | None:
+        part = parts[i]
+        if isinstance(part, bytes):
+            return sub + 1 if sub < len(part) and part[sub] == b else None
+        r = part.step(sub, b)
+        return None if r is None else r[0]
+
+    def step(s: Hashable, b: int) -> tuple[Hashable, int] | None:
+        i, sub = s
+        r = inside(i, sub, b)
+        if r is not None:
+            return (i, r), 0
+        while done(i, sub) and i + 1 < n:
+            i, sub = i + 1, enter(i + 1)
+            r = inside(i, sub, b)
+            if r is not None:
+                return (i, r), 0
+        return None
+
+    def accept(s: Hashable) -> bool:
+        i, sub = s
+        if not done(i, sub):
+            return False
+        return all(done(j, enter(j)) for j in range(i + 1, n))
+
+    return ByteAutomaton((0, enter(0)), step, accept)
+
+
 def array_items(item: ByteAutomaton, min_items: int, max_items: int | None) -> ByteAutomaton:
     """Items separated by ``, `` (or ``,``); the counter counts items."""
 
@@ -376,6 +421,17 @@ def build(spec: tuple) -> ByteAutomaton | None:
     if kind == "union":
         parts = tuple(build(s) for s in spec[1])
         return union(tuple(p for p in parts if p is not None))
+    if kind == "seq":
+        parts = []
+        for part in spec[1]:
+            if part[0] == "lit":
+                parts.append(part[1].encode("utf-8"))
+                continue
+            auto = build(part)
+            if auto is None:
+                return None
+            parts.append(auto)
+        return sequence(tuple(parts))
     if kind == "array":
         item = build(spec[1])
         if item is None:  # no item value exists: only the empty array, if allowed
