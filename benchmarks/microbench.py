@@ -8,6 +8,8 @@ machine's load (shared cores) hits every alternative alike. Shapes are those of 
   fused       separate q,k,v and gate,up projections vs one concatenated matmul
   attention   SDPA with an all-true mask vs no mask (what a cached steady-state step could pass)
   compile     torch.compile(freezing) of the whole block forward vs eager, plus its compile time
+  profile     torch profiler table of one block forward (--variant bf16|fp32|int8): where the time goes
+  backends    SDPA default (flash) kernel vs the math kernel the engine forces for batch invariance
 """
 
 # ruff: noqa: B023  (the lambdas are timed immediately, inside the loop that binds their variables)
@@ -108,9 +110,69 @@ def compiled(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: i
                                       "compiled": lambda: cm(ids[:, 200:], q, mask, past)}, 30))
 
 
+def _block_case(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, variant: str):
+    from quicksilver.bench.models import prepare
+    from quicksilver.config import ModelConfig
+    from quicksilver.model import Transformer, attention_mask
+
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, intermediate_size=inter, block_size=32, mask_token_id=3)
+    torch.manual_seed(0)
+    model = prepare(Transformer(cfg), variant)
+    ids = torch.randint(4, vocab, (1, 232))
+    pos = torch.arange(232).unsqueeze(0)
+    q = pos[:, 200:]
+    mask = attention_mask("block_causal", q, pos, 32).unsqueeze(1)
+    with torch.inference_mode():
+        _, past = model(ids[:, :200], pos[:, :200])
+
+    def step() -> None:
+        with torch.inference_mode():
+            hidden_states, _ = model(ids[:, 200:], q, mask, past)
+            model.logits(hidden_states[0])
+
+    return step
+
+
+def profile(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, variant: str) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    step = _block_case(hidden, layers, heads, kv, inter, vocab, variant)
+    for _ in range(5):
+        step()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(20):
+            step()
+        seconds = time.perf_counter() - t0
+    print(f"{variant}: {seconds / 20 * 1e3:.2f} ms per block forward (under the profiler)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def backends(heads: int, kv: int, head_dim: int) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for t, s in ((32, 232), (64, 264), (1, 233)):
+            q = torch.randn(1, heads, t, head_dim, dtype=dtype)
+            k = torch.randn(1, kv, s, head_dim, dtype=dtype)
+            v = torch.randn(1, kv, s, head_dim, dtype=dtype)
+            m = torch.ones(1, 1, t, s, dtype=torch.bool)
+
+            def math_kernel():
+                with sdpa_kernel([SDPBackend.MATH]):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+
+            print(f"{str(dtype)[6:]} T {t} S {s}", timed({
+                "default": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                "math": math_kernel}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("experiment", choices=("linear", "fused", "attention", "compile"))
+    ap.add_argument("experiment", choices=("linear", "fused", "attention", "compile", "profile", "backends"))
+    ap.add_argument("--variant", default="bf16", choices=("bf16", "fp32", "int8"))
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
@@ -127,6 +189,10 @@ def main() -> None:
         fused(a.hidden, a.intermediate, a.heads, a.kv_heads, head_dim)
     elif a.experiment == "attention":
         attention(a.heads, a.kv_heads, head_dim)
+    elif a.experiment == "profile":
+        profile(a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab, a.variant)
+    elif a.experiment == "backends":
+        backends(a.heads, a.kv_heads, head_dim)
     else:
         compiled(a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab)
 

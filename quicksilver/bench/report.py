@@ -15,7 +15,8 @@ def model_rows(results: dict) -> list[list[str]]:
     for r in results["models"]:
         s = r["summary"]
         rows.append([
-            r["label"], r["variant"], _f(s["tokens_per_second"]), _f(s["tokens_per_forward"], 2),
+            r["model"], r["variant"] + (" (headline)" if r.get("headline") else ""),
+            _f(s["tokens_per_second"]), _f(s["tokens_per_forward"], 2),
             _f(None if s["ttft_s_mean"] is None else s["ttft_s_mean"] * 1e3),
             _f(s["latency_s_mean"] * 1e3), f"{s['accuracy'] * 100:.1f}",
         ])
@@ -42,6 +43,14 @@ def markdown(results: dict) -> str:
             for c in levels:
                 lines.append(f"| {model} | {c['concurrency']} | {c['aggregate_tokens_per_second']:.1f} | "
                              f"{c['latency_s_p50'] * 1e3:.0f} | {c['latency_s_p99'] * 1e3:.0f} |")
+    res = (results.get("structured") or {}).get("result")
+    if isinstance(res, dict) and isinstance(res.get("pinned"), dict) and isinstance(res.get("free"), dict):
+        lines += ["", "| JSON answer (diffusion) | forwards | seconds |", "|---|---|---|"]
+        for key, name in (("pinned", "skeleton pinned"), ("free", "generated freely (full budget)"),
+                          ("free_json_length", "generated freely (JSON-length budget)")):
+            row = res.get(key)
+            if isinstance(row, dict):
+                lines.append(f"| {name} | {row.get('forwards', '-')} | {row.get('wall_s', '-')} |")
     if results.get("targets"):
         lines += ["", "| target | measured | met |", "|---|---|---|"]
         for t in results["targets"]:
