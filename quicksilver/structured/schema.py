@@ -5,11 +5,15 @@ is also how the chat template's ``tojson`` renders tool calls, so pinned text to
 data. Strategy for the parts a skeleton cannot leave open (documented, deterministic):
 
 * every listed property is emitted, in schema order (optional ones too: always valid, keeps keys pinned);
-* an array of simple values is one slot whose automaton counts items (minItems/maxItems respected);
-  an array of objects/arrays gets ``max(minItems, 1)`` items (capped by maxItems);
-* ``anyOf``/``type`` lists of simple values become one slot the model chooses in; with an object or array
-  among them, the first structured alternative is emitted;
-* anything that cannot be guaranteed (pattern, multipleOf, not, if/then/else, ...) raises
+  an optional property we cannot enforce (or a recursive one) is left out;
+* an array whose item count is fixed (minItems == maxItems) is pinned item by item; otherwise it is one
+  slot whose automaton counts items (minItems/maxItems respected) - for object items the model then
+  writes the keys itself (forced by the automaton); items that need their own counter (length-bounded
+  strings, nested arrays) fall back to ``max(minItems, 1)`` pinned items;
+* ``anyOf``/``type`` lists become one slot the model chooses in (objects included, as above); a oneOf
+  must have alternatives that start differently (so exactly one matches);
+* ``format`` date/time/date-time/uuid/email/ipv4 and ``pattern`` are enforced (ASCII strings); anything
+  that cannot be guaranteed (multipleOf, not, if/then/else, lookaround...) raises
   :class:`UnsupportedSchema` naming the keyword.
 """
 
@@ -284,7 +288,8 @@ class SchemaCompiler:
                 return ["[]"]  # no item we can write: the empty array is still valid
             raise
         spec = _as_simple(item_pieces)
-        if spec is None:  # an object/array item: one automaton for the whole item, if it has no counter
+        if spec is None and min_items != max_items:
+            # object/array items, count not fixed: one automaton for all items (if no part needs a counter)
             spec = _flatten(item_pieces)
         if spec is not None and not _counted(spec) and not schema.get("uniqueItems"):
             per_item = _budget_of(item_pieces) + 2
