@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from quicksilver.sampling import SamplingParams
 
-# "one token per step" is the accuracy reference: threshold 1.0 commits exactly the single best position
+# "one token per step" is the accuracy reference: a low-confidence schedule with one step per position commits
+# exactly the single most confident position each forward (a threshold of 1.0 would not: a float32 softmax
+# saturates to exactly 1.0 when a trained model is very sure)
 REFERENCE = "1 token/step"
 
 
 def sweep_grid(base: SamplingParams, block_size: int, quick: bool = False) -> list[tuple[str, SamplingParams]]:
     """(label, params) pairs; every entry keeps the base temperature and budget, greedy by default."""
     p = base.replace(remask_threshold=None, edit_threshold=None)
-    grid: list[tuple[str, SamplingParams]] = [(REFERENCE, p.replace(policy="threshold", threshold=1.0))]
+    grid: list[tuple[str, SamplingParams]] = [(REFERENCE, p.replace(policy="low_confidence",
+                                                                     steps_per_block=block_size))]
     taus = (0.7, 0.9) if quick else (0.5, 0.7, 0.9, 0.95)
     grid += [(f"threshold {t:g}", p.replace(policy="threshold", threshold=t)) for t in taus]
     if not quick:
