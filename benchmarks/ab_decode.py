@@ -1,0 +1,116 @@
+"""A/B a hot-path change: decode with ``model.py`` + ``decoding/denoise.py`` from git REV against the working tree.
+
+Both sides get the same weights and prompts and run interleaved (old, new, new, old, ...), so machine noise
+hits both alike. Reports median ms per forward (single stream) or aggregate tokens/s (``--streams N``: a
+closed loop of N states through ``Decoder.step``, refilled as they finish).
+
+  python benchmarks/ab_decode.py HEAD~1 --mode block_causal --variant bf16
+  python benchmarks/ab_decode.py 8449258~1 --model /path/to/model --streams 16 --requests 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+warnings.simplefilter("ignore")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_from_git(rev: str, rel: str, name: str, scratch: Path):
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], capture_output=True, text=True,
+                         check=True).stdout
+    path = scratch / f"{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    import tempfile
+
+    from quicksilver.bench.models import prepare
+    from quicksilver.config import ModelConfig
+    from quicksilver.decoding.denoise import Decoder
+    from quicksilver.model import Transformer
+    from quicksilver.sampling import SamplingParams
+    from quicksilver.testing import tiny_tokenizer
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("rev", help="git revision of the 'old' side")
+    ap.add_argument("--model", help="model folder (default: random weights at the default recipe's size)")
+    ap.add_argument("--mode", default="block_causal", choices=("block_causal", "causal"))
+    ap.add_argument("--variant", default="bf16", choices=("bf16", "fp32", "int8"))
+    ap.add_argument("--streams", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=6)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    scratch = Path(tempfile.mkdtemp())
+    old_model = load_from_git(a.rev, "quicksilver/model.py", "ab_old_model", scratch)
+    old_denoise = load_from_git(a.rev, "quicksilver/decoding/denoise.py", "ab_old_denoise", scratch)
+    if a.model:
+        from quicksilver.loading import load_model
+
+        ld = load_model(a.model)
+        tok, new_m = ld.tokenizer, ld.model.float()
+        cfg = new_m.config
+    else:
+        tok = tiny_tokenizer()
+        cfg = ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=704, block_size=32, attention_mode=a.mode,
+                          token_shift=a.mode == "causal", mask_token_id=tok.mask_id, eos_token_id=tok.eos_id,
+                          pad_token_id=tok.pad_id)
+        torch.manual_seed(0)
+        new_m = Transformer(cfg).eval()
+    old_m = old_model.Transformer(cfg).eval()
+    old_m.load_state_dict(new_m.state_dict())
+    decoders = {"old": old_denoise.Decoder(prepare(old_m, a.variant), tok),
+                "new": Decoder(prepare(new_m, a.variant), tok)}
+    if cfg.attention_mode == "causal":
+        params = SamplingParams(max_tokens=48, ignore_eos=True)
+    else:  # a fixed schedule: 8 commits per step whatever the weights
+        params = SamplingParams(max_tokens=48 if a.streams > 1 else 256, policy="low_confidence",
+                                steps_per_block=cfg.block_size // 8, ignore_eos=True)
+    prompts = [[10 + (i * 7 + j) % 3000 for j in range(120 + 40 * (i % 4))] for i in range(8)]
+
+    def single(dec) -> float:
+        r = dec.generate(prompts[0], params)
+        return r.stats.wall_time / r.stats.forwards * 1e3
+
+    def closed_loop(dec) -> float:
+        pending, live, tokens = list(range(a.requests)), [], 0
+        t0 = time.perf_counter()
+        while pending or live:
+            while pending and len(live) < a.streams:
+                live.append(dec.start(prompts[pending.pop(0) % len(prompts)], params))
+            dec.step(live)
+            tokens += sum(s.stats.tokens for s in live if s.finished)
+            live = [s for s in live if not s.finished]
+        return tokens / (time.perf_counter() - t0)
+
+    measure = single if a.streams == 1 else closed_loop
+    outputs = [decoders[side].generate(prompts[0], params).token_ids for side in ("old", "new")]
+    print(f"same tokens: {outputs[0] == outputs[1]}")
+    results: dict[str, list[float]] = {"old": [], "new": []}
+    for i in range(a.rounds):
+        for side in (("old", "new") if i % 2 == 0 else ("new", "old")):
+            results[side].append(measure(decoders[side]))
+    o, n = statistics.median(results["old"]), statistics.median(results["new"])
+    unit = "ms/forward" if a.streams == 1 else f"aggregate tok/s at {a.streams} streams"
+    print(f"{a.mode} {a.variant}: old {o:.2f}, new {n:.2f} {unit}; new/old {n / o:.3f}")
+
+
+if __name__ == "__main__":
+    main()
