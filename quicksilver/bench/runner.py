@@ -165,8 +165,10 @@ def run_bench(opts: BenchOptions) -> dict:
     else:
         _log("forward latency: threads 1 vs 2 (diffusion, bf16)")
         probe = forward_latency({"diffusion": diff_loaded.model}, ["bf16"], [1, 2], reps=max(3, opts.forward_reps // 4))
+        for r in probe:
+            r["model"] = "diffusion (threads probe)"
         results["threads_probe"] = probe
-        chosen_threads = best(probe, "diffusion")["threads"]
+        chosen_threads = best(probe, "diffusion (threads probe)")["threads"]
     set_threads(chosen_threads)
     results["threads"] = chosen_threads
     variants = sorted({"bf16", "fp32", *opts.variants})
