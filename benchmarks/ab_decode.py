@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--profile", action="store_true", help="also print a torch profiler table of the new side")
     a = ap.parse_args()
     torch.set_num_threads(1)
     scratch = Path(tempfile.mkdtemp())
@@ -110,6 +111,12 @@ def main() -> None:
     o, n = statistics.median(results["old"]), statistics.median(results["new"])
     unit = "ms/forward" if a.streams == 1 else f"aggregate tok/s at {a.streams} streams"
     print(f"{a.mode} {a.variant}: old {o:.2f}, new {n:.2f} {unit}; new/old {n / o:.3f}")
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            measure(decoders["new"])
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
 if __name__ == "__main__":
