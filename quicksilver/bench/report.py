@@ -123,14 +123,15 @@ def save_plots(results: dict, out_dir: Path) -> list[Path]:
         ax.scatter(xs, ys, label="diffusion decoding configs")
         for r, x, y in zip(results["sweep"], xs, ys, strict=True):
             ax.annotate(r["label"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        for r in results["models"]:
-            if r["kind"] == "ar":
-                s = r["summary"]
-                ax.scatter([s["tokens_per_second"]], [s["accuracy"] * 100], marker="x", color="red",
-                           label=f"AR twin ({r['variant']})")
+        ar_rows = [r for r in results["models"] if r["kind"] == "ar"]
+        for r, color in zip(ar_rows, ("red", "darkorange", "purple"), strict=False):
+            s = r["summary"]
+            ax.scatter([s["tokens_per_second"]], [s["accuracy"] * 100], marker="x", color=color,
+                       label=f"AR twin ({r['variant']})")
         ax.set_xlabel("useful tokens/s (single stream)")
         ax.set_ylabel("task accuracy %")
-        ax.set_title("Speed-accuracy frontier")
+        ax.set_title("Speed-accuracy frontier" + (" (speed-only run: accuracy not meaningful)"
+                                                  if results.get("speed_only") else ""))
         ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(out_dir / "frontier.png")
