@@ -16,17 +16,6 @@ from quicksilver.engine import Engine, EngineClosed, EngineOverloaded, TextStrea
 from quicksilver.sampling import SamplingParams
 from quicksilver.testing import tiny_model, tiny_tokenizer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box OpenMP barriers between two
-    threads make each step 10-50x slower and erratic; restore the setting for other test modules."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 PROMPTS = ["hello there", "The quick brown fox jumps over the lazy dog, again and again", "x", "def add(a, b):"]
 
 

@@ -25,15 +25,6 @@ from quicksilver.loading import load_model
 from tests.replicas import FAMILIES, build_replica, hf_state
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is many times faster than two fighting the other jobs on this machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def replica_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("replicas")

@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import torch
 import uvicorn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -24,17 +23,6 @@ from quicksilver.loading import load_model
 from quicksilver.sampling import SamplingParams
 from quicksilver.testing import save_tiny_model
 from quicksilver.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box OpenMP barriers between two
-    threads make each step 10-50x slower and erratic; restore the setting for other test modules."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 KEY = "test-key"
 MODEL = "tiny"

@@ -8,7 +8,6 @@ from decimal import Decimal
 
 import jsonschema
 import pytest
-import torch
 
 from quicksilver.decoding import Decoder
 from quicksilver.sampling import SamplingParams
@@ -24,15 +23,6 @@ from quicksilver.structured import values as V
 from quicksilver.testing import tiny_model, tiny_tokenizer
 
 MODES = ["block_causal", "bidirectional", "causal"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # the tiny models are far faster single-threaded on a shared CPU
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
