@@ -461,3 +461,18 @@ def test_fuzzed_schemas_are_valid_or_cleanly_unsupported(decoders, tok):
         jsonschema.validate(json.loads(text), schema)
         decoded += 1
     assert decoded >= 30
+
+
+def test_slot_filler_is_not_counted_as_output_tokens(tok):
+    from quicksilver.decoding import Decoder
+    from quicksilver.sampling import SamplingParams
+    from quicksilver.structured import json_schema_constraint
+    from quicksilver.testing import tiny_model
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    dec = Decoder(tiny_model("block_causal"), tok)
+    constraint = json_schema_constraint(schema, tok, max_tokens=48)
+    result = dec.generate("weather?", SamplingParams(max_tokens=48), constraint)
+    filler = constraint.lex.filler_id
+    assert filler in result.token_ids  # a random model leaves most of the slot empty
+    assert result.stats.tokens == sum(1 for t in result.token_ids if t != filler)

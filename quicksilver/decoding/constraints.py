@@ -32,6 +32,10 @@ class Constraint:
         """Filter the policy's choice ``keep`` [n]; must leave at least one True if any was True."""
         return keep
 
+    def filler_token_ids(self) -> frozenset[int]:
+        """Ids that pad a value slot on the canvas: dropped from the text and not counted as output tokens."""
+        return frozenset()
+
     def finished(self, state: DecodeState) -> bool:
         """True once the constraint considers the answer complete (e.g. the skeleton is filled)."""
         return False

@@ -336,7 +336,8 @@ class DecodeState:
     def _finish(self, reason: str) -> None:
         self.finished = True
         self.finish_reason = reason
-        self.stats.tokens = len(self.answer_ids)
+        fillers = self.constraint.filler_token_ids() if self.constraint is not None else frozenset()
+        self.stats.tokens = sum(1 for t in self.answer_ids if t not in fillers) if fillers else len(self.answer_ids)
         self.stats.wall_time = time.perf_counter() - self.stats.started
 
     def canvas_text(self, tokenizer: Tokenizer, mask_glyph: str = "_") -> str:

@@ -274,6 +274,9 @@ class StructuredConstraint(Constraint):
                 state.tokens[p] = tok
                 state.committed[p] = state.fixed[p] = True
 
+    def filler_token_ids(self) -> frozenset[int]:
+        return frozenset() if self.lex.filler_id is None else frozenset({self.lex.filler_id})
+
     def finished(self, state: DecodeState) -> bool:
         run = self._runs.get(state)
         if run is None or not run.complete:
