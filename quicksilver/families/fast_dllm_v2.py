@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from quicksilver.config import ModelConfig
-from quicksilver.families.base import Family, end_ids, reject, resolve_mask_id
-from quicksilver.families.qwen_like import qwen_fields, qwen_tensor
+from quicksilver.families.base import Family
+from quicksilver.families.qwen_like import block_causal_fields, qwen_tensor
 from quicksilver.sampling import SamplingParams
 from quicksilver.tokenizer import Tokenizer
 
@@ -29,16 +29,9 @@ class FastDLLMv2(Family):
     description = "Fast-dLLM v2 (block-causal Qwen2.5, token shift, sub-blocks)"
 
     def translate(self, hf: dict[str, Any], gen: dict[str, Any], tok: Tokenizer, source: str) -> dict[str, Any]:
-        fields = qwen_fields(hf, source, qk_norm=False, default_bias=True)
-        mask_id = resolve_mask_id(hf, tok, ("|<MASK>|",), FAST_DLLM_MASK_ID, source)
-        ends = end_ids(tok, gen, hf, ("<|im_end|>", "<|endoftext|>"))
-        reject(not ends, source, "no eos_token_id")
-        fields.update(
-            attention_mode="block_causal", block_size=int(hf.get("bd_size", 32)), token_shift=True,
-            mask_token_id=mask_id, eos_token_id=ends[0], pad_token_id=hf.get("pad_token_id") or ends[0],
-            stop_token_ids=ends[1:],
-        )
-        return fields
+        return block_causal_fields(hf, gen, tok, source, qk_norm=False, default_bias=True, mask_names=("|<MASK>|",),
+                                   mask_fallback=FAST_DLLM_MASK_ID, block_size=int(hf.get("bd_size", 32)),
+                                   token_shift=True)
 
     def map_tensor(self, key: str, tensor: torch.Tensor, cfg: ModelConfig) -> list[tuple[str, torch.Tensor]]:
         return qwen_tensor(key, tensor, cfg)

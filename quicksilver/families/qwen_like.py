@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from quicksilver.config import ModelConfig
-from quicksilver.families.base import check_rope_scaling, llama_layout_key, need, reject
+from quicksilver.families.base import check_rope_scaling, end_ids, llama_layout_key, need, reject, resolve_mask_id
+from quicksilver.tokenizer import Tokenizer
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some exports still contain
 
@@ -42,3 +43,20 @@ def qwen_tensor(key: str, tensor: torch.Tensor, cfg: ModelConfig) -> list[tuple[
     if key == "lm_head.weight" and cfg.tie_word_embeddings:
         return []  # some tied exports still write the head; it is the embedding matrix
     return [(llama_layout_key(key), tensor)]
+
+
+def block_causal_fields(
+    hf: dict[str, Any], gen: dict[str, Any], tok: Tokenizer, source: str, *, qk_norm: bool, default_bias: bool,
+    mask_names: tuple[str, ...], mask_fallback: int | None, block_size: int, token_shift: bool,
+) -> dict[str, Any]:
+    """Config fields of a block-diffusion model converted from a Qwen checkpoint (SDAR, Fast-dLLM v2)."""
+    fields = qwen_fields(hf, source, qk_norm=qk_norm, default_bias=default_bias)
+    mask_id = resolve_mask_id(hf, tok, mask_names, mask_fallback, source)
+    ends = end_ids(tok, gen, hf, ("<|im_end|>", "<|endoftext|>"))
+    reject(not ends, source, "no eos_token_id")
+    fields.update(
+        attention_mode="block_causal", block_size=block_size, token_shift=token_shift,
+        mask_token_id=mask_id, eos_token_id=ends[0], pad_token_id=hf.get("pad_token_id") or ends[0],
+        stop_token_ids=ends[1:],
+    )
+    return fields
