@@ -489,15 +489,15 @@ def test_auto_tool_choice_returns_free_text_as_content(client, model_dir):
 
 
 def test_tool_call_parsing_validates_against_schema():
-    from quicksilver.api.protocol import Tool, parse_tool_call_json
+    from quicksilver.structured import parse_tool_calls
 
-    tools = [Tool.model_validate(WEATHER)]
-    assert parse_tool_call_json('[{"name": "get_weather", "arguments": {"city": "Oslo"}}]', tools) == [
+    tools = [WEATHER]
+    assert parse_tool_calls('[{"name": "get_weather", "arguments": {"city": "Oslo"}}]', tools) == [
         {"name": "get_weather", "arguments": {"city": "Oslo"}}]
-    assert parse_tool_call_json('{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}', tools)
+    assert parse_tool_calls('{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}', tools)
     for bad in ['[{"name": "get_weather", "arguments": {}}]', '[{"name": "nope", "arguments": {}}]',
                 '[{"name": "get_weather", "arguments": {"city": "x", "extra": 1}}]', "not json", "[]"]:
-        assert parse_tool_call_json(bad, tools) is None
+        assert parse_tool_calls(bad, tools) is None
 
 
 # -- process-level: CLI and graceful shutdown ---------------------------------------------------------------
@@ -533,7 +533,7 @@ def test_shutdown_drains_in_flight_stream(model_dir):
     assert not thread.is_alive() and not engine_of(app).started
 
 
-# -- the real constraint layer (quicksilver.structured), when installed -----------------------------------
+# -- the real constraint layer (quicksilver.structured) -------------------------------------------------
 SCHEMAS = [
     {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
      "required": ["city", "n"], "additionalProperties": False},
@@ -555,7 +555,6 @@ SCHEMAS = [
 
 @pytest.mark.parametrize("index", range(len(SCHEMAS)))
 def test_real_json_schema_outputs_validate(client, index):
-    pytest.importorskip("quicksilver.structured")
     import jsonschema
 
     schema = SCHEMAS[index]
@@ -571,7 +570,6 @@ def test_real_json_schema_outputs_validate(client, index):
 
 
 def test_real_json_object_and_unsupported_schema(client):
-    pytest.importorskip("quicksilver.structured")
     r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=48,
                                        response_format={"type": "json_object"})
     assert isinstance(json.loads(r.choices[0].message.content), dict)
@@ -585,7 +583,6 @@ def test_real_json_object_and_unsupported_schema(client):
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_real_tool_choice_modes(client, choice, stream):
-    pytest.importorskip("quicksilver.structured")
     import jsonschema
 
     r = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=64, tools=[WEATHER, TIME],

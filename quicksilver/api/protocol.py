@@ -216,43 +216,6 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def parse_tool_call_json(text: str, tools: list[Tool]) -> list[dict[str, Any]] | None:
-    """``[{"name", "arguments"}, ...]`` JSON text -> validated calls, or None if it is not a valid call list.
-
-    Every call must name a declared tool and its arguments must validate against that tool's schema."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list) or not data:
-        return None
-    by_name = {t.function.name: t.function for t in tools}
-    calls = []
-    for item in data:
-        if not isinstance(item, dict) or set(item) - {"name", "arguments"} or item.get("name") not in by_name:
-            return None
-        args = item.get("arguments", {})
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        schema = by_name[item["name"]].parameters
-        if schema:
-            try:
-                jsonschema.validate(args, schema)
-            except jsonschema.ValidationError:
-                return None
-            except jsonschema.SchemaError:
-                return None
-        calls.append({"name": item["name"], "arguments": args})
-    return calls
-
-
 def check_schema(schema: dict[str, Any], param: str) -> None:
     """Reject schemas that are not valid JSON Schema (400, never silently unconstrained output)."""
     try:

@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from quicksilver import __version__
+from quicksilver import __version__, structured
 from quicksilver.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -42,7 +42,6 @@ from quicksilver.api.protocol import (
     SamplingFields,
     Tool,
     check_schema,
-    parse_tool_call_json,
     template_messages,
 )
 from quicksilver.checkpoint import LoadedModel
@@ -158,11 +157,7 @@ class ServerState:
 
 
 def _structured():
-    """The constraint layer (quicksilver.structured), or None while it is not installed."""
-    try:
-        from quicksilver import structured
-    except ImportError:
-        return None
+    """The constraint builders (quicksilver.structured); a seam where tests put a stand-in."""
     return structured
 
 
@@ -343,25 +338,21 @@ class ChatPlan:
         """A callable making one fresh constraint per choice (constraints may keep per-state data)."""
         if not (self.forced_tools or self.wants_json):
             return None
-        structured = _structured()
-        if structured is None:
-            what = "tool_choice 'required' or a named function" if self.forced_tools else "response_format"
-            raise APIError(400, f"{what} needs constrained decoding, which is not available in this build",
-                           param="tool_choice" if self.forced_tools else "response_format")
+        builders = _structured()
         tok = state.tokenizer
         try:
             if self.forced_tools:
                 tools = [t.model_dump(exclude_none=True) for t in self.tools]
                 choice = (self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice)
                           else self.tool_choice)
-                make = lambda: structured.tool_call_constraint(tools, choice, tok, max_tokens=max_tokens)  # noqa: E731
+                make = lambda: builders.tool_call_constraint(tools, choice, tok, max_tokens=max_tokens)  # noqa: E731
             elif self.json_schema is not None:
                 strict = bool(self.response_format.json_schema.strict)
                 schema = self.json_schema
-                make = lambda: structured.json_schema_constraint(  # noqa: E731
+                make = lambda: builders.json_schema_constraint(  # noqa: E731
                     schema, tok, strict=strict, max_tokens=max_tokens)
             else:
-                make = lambda: structured.json_object_constraint(tok, max_tokens=max_tokens)  # noqa: E731
+                make = lambda: builders.json_object_constraint(tok, max_tokens=max_tokens)  # noqa: E731
             make()  # build once now so an unsupported schema is a 400 before anything is queued
         except ValueError as exc:
             raise APIError(400, f"cannot enforce this schema: {exc}",
@@ -374,17 +365,8 @@ class ChatPlan:
         if not self.use_tools or self.tool_token not in result.token_ids:
             return None
         cut = result.token_ids.index(self.tool_token)
-        structured = _structured()
-        calls = None
-        if structured is not None and hasattr(structured, "parse_tool_calls"):
-            try:
-                text = self._tok.decode(result.token_ids[cut:])
-                calls = structured.parse_tool_calls(text, [t.model_dump(exclude_none=True) for t in self.tools])
-            except (ValueError, TypeError, KeyError):
-                calls = None
-        if calls is None:
-            state_text = self._tok.decode(result.token_ids[cut + 1 :])
-            calls = parse_tool_call_json(state_text, self.tools)
+        text = self._tok.decode(result.token_ids[cut + 1 :])
+        calls = structured.parse_tool_calls(text, [t.model_dump(exclude_none=True) for t in self.tools])
         if calls and self.req.parallel_tool_calls is False:
             calls = calls[:1]
         if calls and isinstance(self.tool_choice, NamedToolChoice):
