@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +15,7 @@ import pytest
 import uvicorn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from quicksilver.agent.local_server import free_port, serve_in_thread
 from quicksilver.api.server import create_app
 from quicksilver.decoding import Decoder
 from quicksilver.loading import load_model
@@ -29,29 +28,6 @@ MODEL = "tiny"
 HI = [{"role": "user", "content": "hi"}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def live(app):
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started:
-        assert time.time() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     # a bidirectional tiny model whose greedy output is varied text ("9 + +9 +999 ...")
@@ -61,8 +37,8 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def served(model_dir):
     app = create_app(load_model(str(model_dir)), api_key=KEY, served_model_name=MODEL, max_batch=8)
-    with live(app) as url:
-        yield url, app
+    with serve_in_thread(app) as url:
+        yield url.removesuffix("/v1"), app
 
 
 @pytest.fixture()
@@ -255,7 +231,7 @@ def test_error_paths(served, client):
     url, _ = served
     auth = {"Authorization": f"Bearer {KEY}"}
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+        openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
     r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": HI})
     assert r.status_code == 401 and envelope(r)["code"] == "invalid_api_key"
     with pytest.raises(openai.NotFoundError) as exc:
@@ -298,7 +274,7 @@ def test_error_paths(served, client):
 
 def test_overload_returns_429(model_dir):
     app = create_app(load_model(str(model_dir)), served_model_name=MODEL, max_batch=1, max_queue=0)
-    with live(app) as url:
+    with serve_in_thread(app) as url:
         engine = engine_of(app)
         loop = engine._task.get_loop()
 
@@ -307,7 +283,7 @@ def test_overload_returns_429(model_dir):
             return engine.submit(ids, SamplingParams(max_tokens=500, ignore_eos=True, policy="low_confidence"))
 
         handle = asyncio.run_coroutine_threadsafe(occupy(), loop).result(5)
-        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
         with pytest.raises(openai.RateLimitError):
             c.chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
         loop.call_soon_threadsafe(handle.cancel)
@@ -619,8 +595,8 @@ def test_retrieval_adds_passages_and_sources(model_dir, monkeypatch):
 
     monkeypatch.setattr(rag_chat, "augment_messages", fake_augment)
     app = create_app(load_model(str(model_dir)), served_model_name=MODEL, index_path="docs.sqlite")
-    with live(app) as url:
-        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    with serve_in_thread(app) as url:
+        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
         plain = c.chat.completions.create(model=MODEL, messages=HI, max_tokens=4)
         r = c.chat.completions.create(model=MODEL, messages=HI, max_tokens=4, extra_body={"retrieval": {"k": 2}})
         assert r.model_extra["sources"] == [{"id": 1, "path": "ferry.md", "score": 0.9}]
