@@ -231,7 +231,7 @@ def test_error_paths(served, client):
     url, _ = served
     auth = {"Authorization": f"Bearer {KEY}"}
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
     r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": HI})
     assert r.status_code == 401 and envelope(r)["code"] == "invalid_api_key"
     with pytest.raises(openai.NotFoundError) as exc:
