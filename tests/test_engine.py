@@ -42,9 +42,9 @@ async def alone_then_batched(lm: LoadedModel, params: list[SamplingParams], stag
     handles = []
     for p, sp in zip(PROMPTS, params, strict=True):
         handles.append(engine.submit(chat_ids(p), sp))
-        if stagger:  # later requests join while earlier ones are mid-decode
-            for _ in range(3):
-                await asyncio.sleep(0.01)
+        if stagger:  # later requests join while earlier ones are mid-decode: wait for this one's first step
+            while handles[-1].state.stats.steps < 1 and not handles[-1].done:
+                await asyncio.sleep(0.001)
     batched = [(await h.result()).token_ids for h in handles]
     max_batch = engine.metrics.batch_size.collect()[0].samples
     await engine.shutdown()
