@@ -336,28 +336,20 @@ class ChatPlan:
 
     def constraint_factory(self, state: ServerState, max_tokens: int):
         """A callable making one fresh constraint per choice (constraints may keep per-state data)."""
-        if not (self.forced_tools or self.wants_json):
-            return None
-        builders = _structured()
-        tok = state.tokenizer
-        try:
-            if self.forced_tools:
-                tools = [t.model_dump(exclude_none=True) for t in self.tools]
-                choice = (self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice)
-                          else self.tool_choice)
-                make = lambda: builders.tool_call_constraint(tools, choice, tok, max_tokens=max_tokens)  # noqa: E731
-            elif self.json_schema is not None:
-                strict = bool(self.response_format.json_schema.strict)
-                schema = self.json_schema
-                make = lambda: builders.json_schema_constraint(  # noqa: E731
-                    schema, tok, strict=strict, max_tokens=max_tokens)
-            else:
-                make = lambda: builders.json_object_constraint(tok, max_tokens=max_tokens)  # noqa: E731
-            make()  # build once now so an unsupported schema is a 400 before anything is queued
+        from quicksilver.structured.request import constraint_factory  # one rule, shared with `quicksilver eval`
+
+        try:  # builds once now so an unsupported schema is a 400 before anything is queued
+            return constraint_factory(
+                state.tokenizer,
+                tools=[t.model_dump(exclude_none=True) for t in self.tools],
+                tool_choice=(self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice)
+                             else self.tool_choice),
+                json_schema=self.json_schema,
+                strict=self.json_schema is not None and bool(self.response_format.json_schema.strict),
+                json_object=self.wants_json, max_tokens=max_tokens, builders=_structured())
         except ValueError as exc:
             raise APIError(400, f"cannot enforce this schema: {exc}",
                            param="tools" if self.forced_tools else "response_format") from None
-        return make
 
     # -- interpreting the output ----------------------------------------------------------------------
     def tool_calls(self, result: GenerationResult) -> list[dict[str, Any]] | None:
