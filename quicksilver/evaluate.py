@@ -3,10 +3,18 @@
 Every model sees the same prompts: examples come from the tasks' "eval" split (held-out phrasings and system
 prompts) with a fixed seed, so results are comparable across models and runs. Decoding uses
 ``Decoder.step`` over a small batch of requests at a time.
+
+``constrained=True`` measures what an API client gets instead of free decoding: each example becomes the
+request a client would send (``tools`` with ``tool_choice``, default "auto"; the json task as
+``response_format: json_schema`` with its schema, strict), decoded under the constraint the server builds for it
+(the same ``quicksilver.structured.request.constraint_factory``), and graded on the text the client receives:
+tool calls the server validated and returns as ``tool_calls`` are rendered back to ``<|tool_calls|>[...]``,
+an answer the server would refuse (HTTP 500/400) counts as wrong. Other tasks decode freely either way.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +24,7 @@ from typing import Any
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.sampling import SamplingParams
 from quicksilver.tasks import TASKS, Example, get_task, render_prompt
+from quicksilver.tokenizer import TOOL_CALLS, Tokenizer
 
 EVAL_SEED = 20251202
 DEFAULT_N = 50
@@ -32,6 +41,69 @@ def eval_examples(task: str, n: int = DEFAULT_N, seed: int = EVAL_SEED) -> list[
     return [t.generate(random.Random(f"eval:{seed}:{task}:{i}"), "eval") for i in range(n)]
 
 
+TOOL_CHOICES = ("auto", "required")
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """The structured-output part of the API request a client would send for an example."""
+
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | None = None
+    json_schema: dict[str, Any] | None = None
+    strict: bool = True  # what OpenAI-style structured-output clients send
+
+    @property
+    def kind(self) -> str:
+        if self.tools:
+            return f"tools, tool_choice={self.tool_choice}"
+        return "response_format=json_schema (strict)" if self.json_schema is not None else "free"
+
+
+def client_request(example: Example, tool_choice: str = "auto") -> ClientRequest:
+    """Examples with tools -> tools + ``tool_choice``; the json task -> its schema as response_format; else free."""
+    if example.tools:
+        return ClientRequest(tools=example.tools, tool_choice=tool_choice)
+    if example.task == "json":
+        return ClientRequest(json_schema=example.answer["schema"])
+    return ClientRequest()
+
+
+def client_text(result: Any, tokenizer: Tokenizer, request: ClientRequest) -> tuple[str, str | None]:
+    """(text a grader sees, server error or None) for one finished answer, as the server returns it.
+
+    Mirrors ``ChatPlan.tool_calls``/``finish`` in ``quicksilver/api/server.py`` for the requests
+    :func:`client_request` makes (tests/test_eval_constrained.py checks the two agree): calls after the
+    ``<|tool_calls|>`` token that ``parse_tool_calls`` validates come back as ``tool_calls``, which a
+    client-side grader sees as ``content + <|tool_calls|> + JSON list``; everything else is the message content."""
+    from quicksilver.structured import parse_tool_calls
+    from quicksilver.structured.request import is_forced_tool_choice
+
+    ids = result.token_ids
+    forced = is_forced_tool_choice(request.tool_choice)
+    if request.tools and request.tool_choice != "none":
+        marker = tokenizer.token_id(TOOL_CALLS)
+        if marker in ids:
+            cut = ids.index(marker)
+            calls = parse_tool_calls(tokenizer.decode(ids[cut + 1 :]), request.tools)
+            if calls:
+                content = "" if forced else tokenizer.decode(ids[:cut])
+                calls = [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
+                return content + TOOL_CALLS + json.dumps(calls, ensure_ascii=False), None
+        if forced and result.finish_reason != "length":
+            return "", "the model did not produce a valid tool call"
+    if request.json_schema is not None and result.finish_reason != "length":
+        import jsonschema
+
+        try:
+            jsonschema.validate(json.loads(result.text), request.json_schema)
+        except json.JSONDecodeError:
+            return "", "the model did not produce valid JSON"
+        except jsonschema.ValidationError as exc:
+            return "", f"the output does not match the schema: {exc.message}"
+    return result.text, None
+
+
 @dataclass
 class ItemResult:
     index: int
@@ -42,14 +114,18 @@ class ItemResult:
     finish_reason: str
 
 
-def _run_batch(decoder, prompts: Sequence[list[int]], params: Sequence[SamplingParams], batch_size: int):
-    """Decode all prompts, keeping up to ``batch_size`` requests in flight; yields (index, state) when done."""
+def _run_batch(decoder, prompts: Sequence[list[int]], params: Sequence[SamplingParams], batch_size: int,
+               constraints: Sequence[Callable[[], Any] | None] | None = None):
+    """Decode all prompts, keeping up to ``batch_size`` requests in flight; yields (index, state) when done.
+
+    ``constraints[i]``, when given and not None, makes request i's (fresh) constraint."""
     pending = list(range(len(prompts)))
     live: list[tuple[int, Any]] = []
     while pending or live:
         while pending and len(live) < batch_size:
             i = pending.pop(0)
-            live.append((i, decoder.start(prompts[i], params[i])))
+            make = constraints[i] if constraints is not None else None
+            live.append((i, decoder.start(prompts[i], params[i], make() if make is not None else None)))
         decoder.step([s for _, s in live])
         still = []
         for i, s in live:
@@ -70,12 +146,17 @@ def evaluate(
     max_tokens: int | None = None,
     keep_outputs: bool = False,
     on_task: Callable[[str, dict], None] | None = None,
+    constrained: bool = False,
+    tool_choice: str = "auto",
 ) -> dict[str, Any]:
-    """Run the held-out suite; returns {"model", "params", "tasks": {name: metrics}, "overall": metrics}.
+    """Run the held-out suite; returns {"model", "params", "constrained", "tasks": {name: metrics}, "overall"}.
 
     ``params`` defaults to the model's own generation defaults (policy, threshold, block size, ...). The answer
-    budget is per task (``MAX_TOKENS``), the same for every model, unless ``max_tokens`` sets one for all."""
+    budget is per task (``MAX_TOKENS``), the same for every model, unless ``max_tokens`` sets one for all.
+    ``constrained``: decode and grade as an API client would get it (see the module doc); ``tool_choice`` is the
+    one such a client sends with tools ("auto", as the server defaults to; "required" forces a call)."""
     from quicksilver.decoding import Decoder
+    from quicksilver.structured.request import constraint_factory
 
     names = list(tasks) if tasks else list(TASKS)
     for name in names:
@@ -84,34 +165,59 @@ def evaluate(
         raise ValueError("n must be >= 1")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
+    if tool_choice not in TOOL_CHOICES:
+        raise ValueError(f"tool_choice must be one of {TOOL_CHOICES}")
     base = params or loaded.defaults
     tok = loaded.tokenizer
     decoder = Decoder(loaded.model, tok, base)
     report: dict[str, Any] = {
         "model": loaded.name or str(loaded.path), "seed": seed, "n": n, "batch_size": batch_size,
-        "params": {k: v for k, v in vars(base).items() if k != "extra"}, "tasks": {},
+        "params": {k: v for k, v in vars(base).items() if k != "extra"}, "constrained": constrained, "tasks": {},
     }
+    if constrained:
+        report["tool_choice"] = tool_choice
     totals = {"correct": 0, "count": 0, "tokens": 0, "forwards": 0, "seconds": 0.0}
     for name in names:
         task = get_task(name)
         examples = eval_examples(name, n, seed)
-        prompts, items = {}, []
+        budget = max_tokens or MAX_TOKENS.get(name, base.max_tokens)
+        prompts, items, makers, requests = {}, [], {}, {}
+        build_seconds = 0.0  # building a request's constraint is part of serving it: timed with the decoding
         for i, ex in enumerate(examples):
             try:
                 prompts[i] = tok.encode(render_prompt(ex, tok))
             except Exception as exc:  # e.g. a foreign chat template that rejects tools or the tool role: wrong
                 items.append(ItemResult(i, False, f"<prompt not renderable: {exc}>", 0, 0, "error"))
-        budget = max_tokens or MAX_TOKENS.get(name, base.max_tokens)
+                continue
+            if not constrained:
+                continue
+            requests[i] = client_request(ex, tool_choice)
+            built = time.perf_counter()
+            try:
+                makers[i] = constraint_factory(tok, tools=requests[i].tools, tool_choice=requests[i].tool_choice,
+                                               json_schema=requests[i].json_schema, strict=requests[i].strict,
+                                               max_tokens=budget)
+            except ValueError as exc:  # the server answers 400 "cannot enforce this schema": no answer, wrong
+                del prompts[i]
+                items.append(ItemResult(i, False, f"<request rejected: {exc}>", 0, 0, "rejected"))
+            build_seconds += time.perf_counter() - built
         order = sorted(prompts)
         task_params = [base.replace(max_tokens=budget)] * len(order)
-        started = time.perf_counter()
-        for k, state in _run_batch(decoder, [prompts[i] for i in order], task_params, batch_size):
+        constraints = [makers.get(i) for i in order] if constrained else None
+        started = time.perf_counter() - build_seconds
+        for k, state in _run_batch(decoder, [prompts[i] for i in order], task_params, batch_size, constraints):
             i = order[k]
-            output = tok.decode(state.answer_ids, skip_special_tokens=False)
-            if state.stop_text is not None:
-                output = state.stop_text
-            items.append(ItemResult(i, bool(task.verify(examples[i], output)), output, state.stats.tokens,
-                                    state.stats.forwards, state.finish_reason or "length"))
+            finish = state.finish_reason or "length"
+            if constrained:
+                output, error = client_text(decoder.result(state), tok, requests[i])
+                if error is not None:
+                    output, finish = f"<server error: {error}>", "server_error"
+            else:
+                output = tok.decode(state.answer_ids, skip_special_tokens=False)
+                if state.stop_text is not None:
+                    output = state.stop_text
+            correct = finish != "server_error" and bool(task.verify(examples[i], output))
+            items.append(ItemResult(i, correct, output, state.stats.tokens, state.stats.forwards, finish))
         seconds = time.perf_counter() - started
         items.sort(key=lambda r: r.index)
         correct = sum(r.correct for r in items)
@@ -123,6 +229,11 @@ def evaluate(
             "seconds": seconds, "tokens_per_second": tokens / seconds if seconds else 0.0,
             "max_tokens": budget, "render_errors": sum(r.finish_reason == "error" for r in items),
         }
+        if constrained:
+            metrics["request"] = ", ".join(sorted({r.kind for r in requests.values()})) or "none"
+            metrics["constrained_requests"] = sum(m is not None for m in makers.values())
+            metrics["rejected"] = sum(r.finish_reason == "rejected" for r in items)
+            metrics["server_errors"] = sum(r.finish_reason == "server_error" for r in items)
         if keep_outputs:
             metrics["outputs"] = [{"index": r.index, "correct": r.correct, "output": r.output,
                                    "finish_reason": r.finish_reason} for r in items]

@@ -21,6 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, help="override the decode block size")
     p.add_argument("--max-tokens", type=int, help="one answer budget for every task (default: per-task budgets)")
     p.add_argument("--outputs", action="store_true", help="keep every model output in the JSON")
+    p.add_argument("--constrained", action="store_true",
+                   help="decode and grade as an API client gets it: tool tasks with tools + tool_choice, the json "
+                        "task with response_format json_schema, under the server's constraints (default: free)")
+    p.add_argument("--tool-choice", choices=("auto", "required"), default=None,
+                   help="with --constrained: the tool_choice sent with tools (default auto, like the server)")
     p.add_argument("--list", action="store_true", help="list the tasks and exit")
     p.set_defaults(func=run)
 
@@ -47,24 +52,36 @@ def run(args: argparse.Namespace) -> int:
             raise LookupError(f"unknown task {name!r} (known: {', '.join(TASKS)})")
     if args.n < 1 or args.batch_size < 1:
         raise ValueError("--n and --batch-size must be >= 1")
+    if args.tool_choice is not None and not args.constrained:
+        raise ValueError("--tool-choice needs --constrained")
+    tool_choice = args.tool_choice or "auto"
+    mode = f"constrained (as the API serves it; tools with tool_choice={tool_choice})" if args.constrained else "free"
     loaded = load_model(args.model)
     changes = {k: v for k, v in (("policy", args.policy), ("threshold", args.threshold),
                                  ("block_size", args.block_size)) if v is not None}
     params = loaded.defaults.replace(**changes)
-    console.print(f"[bold]{loaded.name or loaded.path}[/bold]: {args.n} held-out examples per task", style="dim")
+    console.print(f"[bold]{loaded.name or loaded.path}[/bold]: {args.n} held-out examples per task, {mode} decoding",
+                  style="dim")
 
     def progress(name: str, m: dict) -> None:
         console.print(f"  {name:12s} {m['accuracy']:6.1%}  ({m['tokens_per_forward']:.2f} tok/fwd)", style="dim")
 
     report = evaluate(loaded, tasks, n=args.n, params=params, batch_size=args.batch_size,
                       seed=EVAL_SEED if args.seed is None else args.seed, max_tokens=args.max_tokens,
-                      keep_outputs=args.outputs, on_task=progress)
-    table = Table(title=f"quicksilver eval - {report['model']}")
-    for col in ("task", "accuracy", "correct", "tokens/forward", "tokens/s"):
+                      keep_outputs=args.outputs, on_task=progress, constrained=args.constrained,
+                      tool_choice=tool_choice)
+    table = Table(title=f"quicksilver eval - {report['model']} - {'constrained' if args.constrained else 'free'}")
+    cols = ["task", "accuracy", "correct", "tokens/forward", "tokens/s"]
+    if args.constrained:  # where the server would have answered an error (400 at build, 500 on a broken guarantee)
+        cols.append("server errors")
+    for col in cols:
         table.add_column(col, justify="left" if col == "task" else "right")
     for name, m in report["tasks"].items():
-        table.add_row(name, f"{m['accuracy']:.1%}", f"{m['correct']}/{m['count']}", f"{m['tokens_per_forward']:.2f}",
-                      f"{m['tokens_per_second']:.1f}")
+        row = [name, f"{m['accuracy']:.1%}", f"{m['correct']}/{m['count']}", f"{m['tokens_per_forward']:.2f}",
+               f"{m['tokens_per_second']:.1f}"]
+        if args.constrained:
+            row.append(str(m["rejected"] + m["server_errors"]))
+        table.add_row(*row)
     o = report["overall"]
     table.add_row("[bold]overall[/bold]", f"[bold]{o['accuracy']:.1%}[/bold]", f"{o['correct']}/{o['count']}",
                   f"{o['tokens_per_forward']:.2f}", f"{o['tokens_per_second']:.1f}")
