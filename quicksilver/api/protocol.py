@@ -13,7 +13,7 @@ import json
 from typing import Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 REASONING_EFFORTS = ("none", "minimal", "instant", "low", "medium", "high", "xhigh")
 
@@ -92,7 +92,23 @@ class StreamOptions(Strict):
 
 
 class Retrieval(Strict):
+    """``"retrieval"`` extension. ``mode="prompt"``: the passages for the last user message go into the system
+    turn before decoding. ``mode="tool"``: the model sees the built-in ``search_documents`` tool and the server runs
+    it (``k`` = passages per search when the call does not say), at most ``max_search_rounds`` times."""
+
     k: int = Field(default=5, ge=1, le=50)
+    mode: Literal["prompt", "tool"] = "prompt"
+    max_search_rounds: int | None = Field(default=None, ge=1, le=4)
+
+    @model_validator(mode="after")
+    def _rounds_need_tool_mode(self) -> Retrieval:
+        if self.max_search_rounds is not None and self.mode != "tool":
+            raise ValueError('max_search_rounds applies only to mode "tool"')
+        return self
+
+    @property
+    def search_rounds(self) -> int:
+        return self.max_search_rounds if self.max_search_rounds is not None else 2
 
 
 StopField = str | list[str] | None

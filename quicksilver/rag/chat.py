@@ -1,7 +1,7 @@
 """Retrieval for chat: put the passages that match the user's question into the prompt, with their sources.
 
 Used by the server (``serve --index FILE`` + a ``"retrieval": {"k": 5}`` request field), by ``quicksilver ask``,
-and by the built-in ``search_documents`` tool.
+and by the built-in ``search_documents`` tool (run by the agent, or by the server with ``"mode": "tool"``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ SEARCH_TOOL = {
         "parameters": {
             "type": "object",
             "properties": {
-                "query": {"type": "string", "description": "what to look for"},
+                "query": {"type": "string", "minLength": 1, "description": "what to look for"},
                 "k": {"type": "integer", "minimum": 1, "maximum": 20, "description": "number of passages"},
             },
             "required": ["query"],
@@ -74,9 +74,16 @@ def source_of(hit: Hit, number: int) -> dict:
             "chunk": hit.ord, "score": round(hit.score, 6), "text": hit.text}
 
 
-def format_passages(hits: list[Hit]) -> str:
+def format_passages(hits: list[Hit], first_id: int = 1) -> str:
     return "\n\n".join(f"[{i}] (source: {Path(h.path).name}, lines {h.line_start}-{h.line_end})\n{h.text}"
-                       for i, h in enumerate(hits, 1))
+                       for i, h in enumerate(hits, first_id))
+
+
+def format_sources(sources: list[dict]) -> str:
+    """The same numbered passages as :func:`format_passages`, rendered from :func:`source_of` dicts (so a caller
+    can drop some, e.g. to fit the context, and re-render)."""
+    return "\n\n".join(f"[{s['id']}] (source: {Path(s['path']).name}, lines {s['lines'][0]}-{s['lines'][1]})\n"
+                       f"{s['text']}" for s in sources)
 
 
 def retrieve(index_path: str | Path, query: str, k: int = 5, mode: str = "hybrid") -> list[Hit]:
@@ -103,8 +110,11 @@ def augment_messages(
     return out, sources
 
 
-def run_search_tool(index_path: str | Path, arguments: str | dict, default_k: int = 5) -> tuple[str, list[dict]]:
-    """Execute a ``search_documents`` call: (observation text for the model, sources)."""
+def run_search_tool(
+    index_path: str | Path, arguments: str | dict, default_k: int = 5, first_id: int = 1
+) -> tuple[str, list[dict]]:
+    """Execute a ``search_documents`` call: (observation text for the model, sources). Passages are numbered from
+    ``first_id``, so that several searches in one conversation cite distinct numbers."""
     args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
     if not isinstance(args, dict) or not isinstance(args.get("query"), str):
         raise IndexStoreError('search_documents needs {"query": "..."}')
@@ -112,4 +122,4 @@ def run_search_tool(index_path: str | Path, arguments: str | dict, default_k: in
     hits = retrieve(index_path, args["query"], int(k) if isinstance(k, int | float) else default_k)
     if not hits:
         return "No matching passages.", []
-    return format_passages(hits), [source_of(h, i) for i, h in enumerate(hits, 1)]
+    return format_passages(hits, first_id), [source_of(h, i) for i, h in enumerate(hits, first_id)]
