@@ -11,6 +11,10 @@ canvas at every denoising step; each such delta replaces the previous one.
 ``reasoning_effort`` picks how many tokens a denoising step may commit (Mercury's "refinement steps"):
 ``instant``/``minimal``/``none`` threshold 0.7, ``low`` 0.8, ``medium`` 0.9, ``high``/``xhigh`` one
 token per step (low-confidence policy). Without it the model's generation defaults apply.
+
+``"retrieval"`` (with ``--index``): ``{"k": 5}`` puts passages for the last user message into the prompt;
+``{"mode": "tool"}`` offers the built-in ``search_documents`` tool and runs it here, for a bounded number of
+search rounds (see docs/rag.md).
 """
 
 from __future__ import annotations
