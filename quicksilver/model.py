@@ -123,6 +123,45 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
         return self.o_proj(y), new_kv
 
+    def forward_packed(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        lengths: list[int],
+        masks: list[torch.Tensor | None],
+        pasts: list[KV | None],
+    ) -> tuple[torch.Tensor, list[KV]]:
+        """Several sequences packed along the rows of ``x`` [1, N, d]: projections run once over all N rows,
+        attention runs per sequence over its own keys (no padding), so each sequence sees exactly the shapes
+        it would see alone. Returns the packed output and each sequence's new (k, v) [1, H, T_i, D]."""
+        _, n, _ = x.shape
+        q = self.q_proj(x).view(1, n, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(1, n, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(1, n, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+        outs: list[torch.Tensor] = []
+        new_kvs: list[KV] = []
+        start = 0
+        for t, mask, past in zip(lengths, masks, pasts, strict=True):
+            rows = slice(start, start + t)
+            start += t
+            ki, vi = k[:, :, rows], v[:, :, rows]
+            new_kvs.append((ki, vi))
+            if past is not None:
+                ki = torch.cat([past[0], ki], dim=2)
+                vi = torch.cat([past[1], vi], dim=2)
+            outs.append(F.scaled_dot_product_attention(
+                q[:, :, rows], ki, vi, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
+            ))
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        y = y.transpose(1, 2).reshape(1, n, self.n_heads * self.head_dim)
+        return self.o_proj(y), new_kvs
+
 
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
@@ -201,6 +240,12 @@ class Block(nn.Module):
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, new_kv
 
+    def forward_packed(self, x, cos, sin, lengths, masks, pasts):
+        h, new_kvs = self.self_attn.forward_packed(self.input_layernorm(x), cos, sin, lengths, masks, pasts)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, new_kvs
+
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -265,6 +310,37 @@ class Transformer(nn.Module):
             x, kv = layer(x, cos, sin, mask, past[i] if past else None)
             new_kvs.append(kv)
         return self.norm(x), new_kvs
+
+    def forward_packed(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        lengths: list[int],
+        masks: list[torch.Tensor | None],
+        pasts: list[list[KV] | None],
+    ) -> tuple[torch.Tensor, list[list[KV]]]:
+        """Run several sequences in one pass without padding them to a common length.
+
+        input_ids, positions: [N], the sequences' inputs one after another (``lengths`` rows each);
+        masks: per sequence bool [1, 1, T_i, S_i+T_i] (True = attend) or None for full attention;
+        pasts: per sequence its per-layer (k, v) [1, H, S_i, D] or None.
+        Every layer's projections and MLP run once over all N rows (they treat rows independently); only
+        attention is split per sequence, with each sequence's own keys. A sequence therefore gets the same
+        numbers as a plain ``forward`` of it alone would compute, whatever else is packed with it.
+        Returns final-norm hidden states [N, d] and, per sequence, the per-layer (k, v) of its inputs.
+        """
+        if sum(lengths) != input_ids.numel() or positions.shape != input_ids.shape:
+            raise ValueError("packed input_ids/positions must hold sum(lengths) rows")
+        x = self.embed_tokens(input_ids.unsqueeze(0))
+        rot_dim = int(self.config.head_dim * self.config.partial_rotary_factor)
+        cos, sin = rope_cos_sin(positions.unsqueeze(0), rot_dim, self.config.rope_theta, x.dtype)
+        per_seq: list[list[KV]] = [[] for _ in lengths]
+        for i, layer in enumerate(self.layers):
+            layer_pasts = [None if p is None else p[i] for p in pasts]
+            x, kvs = layer.forward_packed(x, cos, sin, lengths, masks, layer_pasts)
+            for seq, kv in zip(per_seq, kvs, strict=True):
+                seq.append(kv)
+        return self.norm(x)[0], per_seq
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states (any leading shape) onto the vocabulary, in float32."""

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quicksilver.decoding.batching import group_by_length
 from quicksilver.decoding.constraints import Constraint
 from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
@@ -384,73 +383,39 @@ class Decoder:
         if not live:
             return
         plans = [s.plan() for s in live]
-        outputs: list = [None] * len(plans)
-        # one forward per group of similar input lengths: padding a batch of one-block steps to a newly
-        # admitted prompt's length would multiply the work of the whole batch
-        for group in group_by_length([p.input_ids.numel() for p in plans]):
-            for i, out in zip(group, self._forward([plans[i] for i in group]), strict=True):
-                outputs[i] = out
-        for st, plan, (hidden_rows, new_kv) in zip(live, plans, outputs, strict=True):
+        # ONE forward for every state, inputs packed without padding (an admitted prompt's prefill rides along
+        # with the one-block decode steps of the others), then ONE vocabulary projection for all wanted rows
+        outputs = self._forward_packed(plans)
+        logits_all = self.model.logits(torch.cat([rows for rows, _ in outputs]))
+        logits_per_state = logits_all.split([rows.shape[0] for rows, _ in outputs])
+        for st, plan, (_, new_kv), logits in zip(live, plans, outputs, logits_per_state, strict=True):
             if plan.store is not None:
                 row, pos, n = plan.store
                 if plan.reset_cache:
                     st.cache.truncate(0)
                 st.cache.write(pos, new_kv, slice(row, row + n))
             st.needs_refresh = False
-            logits = self.model.logits(hidden_rows)
             st.apply(plan.logit_positions, logits, self)
 
-    def _forward(self, plans: list[_Plan]) -> list[tuple[torch.Tensor, list[KV]]]:
-        model = self.model
-        cfg = model.config
-        if len(plans) == 1:
-            p = plans[0]
-            q = p.positions.unsqueeze(0)
-            k = torch.cat([p.past_positions, p.positions]).unsqueeze(0)
-            mask = attention_mask(cfg.attention_mode, q, k, cfg.block_size)
-            hidden, kv = model(
-                p.input_ids.unsqueeze(0), q, None if mask is None else mask.unsqueeze(1), p.past
-            )
-            return [(hidden[0, p.logit_rows], kv)]
-        # batched: pad inputs to T and pasts to S; padded keys are masked out
-        b = len(plans)
-        t = max(p.input_ids.numel() for p in plans)
-        s = max(p.past_positions.numel() for p in plans)
-        ids = torch.full((b, t), cfg.pad_token_id, dtype=torch.long)
-        pos = torch.zeros((b, t), dtype=torch.long)
-        kpos = torch.zeros((b, s + t), dtype=torch.long)
-        valid = torch.zeros((b, s + t), dtype=torch.bool)
-        past: list[KV] | None = None
-        if s:
-            h, d = cfg.num_key_value_heads, cfg.head_dim
-            past = [
-                (torch.zeros(b, h, s, d, dtype=model.dtype), torch.zeros(b, h, s, d, dtype=model.dtype))
-                for _ in range(cfg.num_hidden_layers)
-            ]
-        for i, p in enumerate(plans):
-            n, m = p.input_ids.numel(), p.past_positions.numel()
-            ids[i, :n] = p.input_ids
-            pos[i, :n] = p.positions
-            kpos[i, :m] = p.past_positions
-            kpos[i, s : s + n] = p.positions
-            valid[i, :m] = True
-            valid[i, s : s + n] = True
-            if m:
-                for layer, (pk, pv) in enumerate(p.past):
-                    past[layer][0][i, :, :m] = pk[0]
-                    past[layer][1][i, :, :m] = pv[0]
-        rule = attention_mask(cfg.attention_mode, pos, kpos, cfg.block_size)
-        mask = valid.unsqueeze(1).expand(b, t, s + t)
-        if rule is not None:
-            mask = mask & rule
-        # padded query rows attend to themselves so softmax never sees an empty row
-        mask = mask.clone()
-        mask[:, torch.arange(t), s + torch.arange(t)] = True
-        hidden, kv = model(ids, pos, mask.unsqueeze(1), past)
+    def _forward_packed(self, plans: list[_Plan]) -> list[tuple[torch.Tensor, list[KV]]]:
+        """One forward for all plans, their inputs packed row after row (no padding): see
+        :meth:`Transformer.forward_packed`. Returns per plan its hidden rows and per-layer new (k, v)."""
+        cfg = self.model.config
+        lengths = [p.input_ids.numel() for p in plans]
+        masks: list[torch.Tensor | None] = []
+        for p in plans:
+            keys = torch.cat([p.past_positions, p.positions])
+            m = attention_mask(cfg.attention_mode, p.positions, keys, cfg.block_size)
+            # a query block that sees every key (the usual decode step) needs no mask: the fused kernel skips it
+            masks.append(None if m is None or bool(m.all()) else m[None, None])
+        ids = torch.cat([p.input_ids for p in plans])
+        pos = torch.cat([p.positions for p in plans])
+        hidden, kvs = self.model.forward_packed(ids, pos, lengths, masks, [p.past for p in plans])
         out = []
-        for i, p in enumerate(plans):
-            n = p.input_ids.numel()
-            out.append((hidden[i, p.logit_rows], [(k[i : i + 1, :, :n], v[i : i + 1, :, :n]) for k, v in kv]))
+        start = 0
+        for p, n, kv in zip(plans, lengths, kvs, strict=True):
+            out.append((hidden[start + p.logit_rows], kv))
+            start += n
         return out
 
     def run(self, state: DecodeState, on_step: Callable[[DecodeState], None] | None = None) -> GenerationResult:

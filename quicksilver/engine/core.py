@@ -5,16 +5,16 @@ slots, drops cancelled ones, runs ONE batched ``Decoder.step`` over all running 
 own worker thread (so the event loop keeps serving HTTP meanwhile) and then pushes each request's progress
 into its own asyncio queue. A request that arrives while others decode therefore joins the very next forward.
 
-Batch invariance: a request decoded at temperature 0 gives the same tokens alone or batched. Batched
-forwards pad inputs and keys; the fused CPU attention kernels round differently with the padded length,
-so steps run with the plain "math" attention kernel, whose masked keys contribute exact zeros. (Linear
-layers in bf16 are row-independent already; see tests/test_engine.py.)
+Batch invariance: a request decoded at temperature 0 gives the same tokens alone or batched. A batched
+step packs the requests' inputs row after row without padding (``Transformer.forward_packed``): the
+row-wise layers run once over all rows and attention runs per request over its own keys, with exactly
+the shapes it has alone, so any attention kernel (the fast fused one included) gives it the same numbers.
+(Linear layers are row-independent; see tests/test_engine.py and tests/test_engine_throughput.py.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.decoding import Constraint, Decoder, DecodeState, GenerationResult
@@ -113,7 +112,12 @@ def streamable_len(state: DecodeState) -> int:
 
 
 class Engine:
-    """Continuous-batching engine around one loaded model."""
+    """Continuous-batching engine around one loaded model.
+
+    ``batch_invariant`` is accepted for existing callers and changes nothing: packed steps are batch-invariant
+    with every attention kernel, so there is no faster non-invariant mode left to choose (it used to pick the
+    slow "math" attention kernel for padded batches).
+    """
 
     def __init__(
         self,
@@ -245,8 +249,7 @@ class Engine:
 
     def _step_blocking(self, states: list[DecodeState]) -> list[BaseException | None]:
         """Run one batched step (worker thread). On failure, retry states one by one to isolate the culprit."""
-        ctx = sdpa_kernel([SDPBackend.MATH]) if self.batch_invariant else contextlib.nullcontext()
-        with ctx, torch.inference_mode():
+        with torch.inference_mode():
             try:
                 self.decoder.step(states)
                 return [None] * len(states)

@@ -1,0 +1,111 @@
+"""Packed batched steps: many requests' inputs in one forward without padding, numbers identical to running
+each request alone (which is what lets the engine use the fast fused attention kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quicksilver.decoding import Decoder
+from quicksilver.model import attention_mask
+from quicksilver.sampling import SamplingParams
+from quicksilver.testing import tiny_model, tiny_tokenizer
+
+
+def _alone(model, ids, positions, past):
+    """A plain single-sequence forward with the model's own attention rule over (past, inputs)."""
+    cfg = model.config
+    keys = torch.arange(past[0][0].shape[2]) if past else torch.arange(0)
+    mask = attention_mask(cfg.attention_mode, positions, torch.cat([keys, positions]), cfg.block_size)
+    mask = None if mask is None else mask[None, None]
+    return model(ids[None], positions[None], mask, past)
+
+
+@pytest.mark.parametrize("mode", ["block_causal", "causal", "bidirectional"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_packed_forward_equals_separate_forwards_bit_for_bit(mode, dtype):
+    torch.manual_seed(0)
+    model = tiny_model(mode, dtype=dtype)
+    cfg = model.config
+    # three sequences: a fresh prompt (no past), and two continuations after pasts of different lengths
+    specs = [(0, 37), (45, 16), (16, 33)]  # (past length, new rows)
+    seqs = []
+    for past_len, n in specs:
+        ids = torch.randint(3, cfg.vocab_size, (past_len + n,))
+        past = None
+        if past_len:
+            _, past = model(ids[None, :past_len], torch.arange(past_len)[None],
+                            None if mode == "bidirectional" else "auto")
+        seqs.append((ids[past_len:], torch.arange(past_len, past_len + n), past))
+    with torch.inference_mode():
+        alone = [_alone(model, ids, pos, past) for ids, pos, past in seqs]
+        masks = []
+        for _, pos, past in seqs:
+            keys = torch.arange(pos[0].item()) if past else torch.arange(0)
+            m = attention_mask(mode, pos, torch.cat([keys, pos]), cfg.block_size)
+            masks.append(None if m is None else m[None, None])
+        hidden, kvs = model.forward_packed(
+            torch.cat([s[0] for s in seqs]), torch.cat([s[1] for s in seqs]),
+            [s[0].numel() for s in seqs], masks, [s[2] for s in seqs],
+        )
+    start = 0
+    for (ids, _, _), (h_alone, kv_alone), kv in zip(seqs, alone, kvs, strict=True):
+        n = ids.numel()
+        assert torch.equal(hidden[start : start + n], h_alone[0])
+        for (k, v), (ka, va) in zip(kv, kv_alone, strict=True):
+            assert torch.equal(k, ka) and torch.equal(v, va)
+        start += n
+
+
+def test_packed_forward_rejects_inconsistent_lengths():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="sum\\(lengths\\)"):
+        model.forward_packed(torch.tensor([5, 6, 7]), torch.arange(3), [2], [None], [None])
+
+
+def test_prefills_admitted_together_fill_the_same_caches_as_alone():
+    tok = tiny_tokenizer()
+    dec = Decoder(tiny_model("block_causal", dtype=torch.bfloat16), tok)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    texts = ("The quick brown fox jumps over the lazy dog. " * 2, "hello there, how are you", "def add(a, b):")
+    prompts = [tok.encode(t) for t in texts]
+    alone = [dec.start(p, params) for p in prompts]
+    for s in alone:
+        dec.step([s])
+    together = [dec.start(p, params) for p in prompts]
+    dec.step(together)
+    for a, b in zip(alone, together, strict=True):
+        assert a.cache.length == b.cache.length > 0
+        for (ka, va), (kb, vb) in zip(a.cache.view(a.cache.length), b.cache.view(b.cache.length), strict=True):
+            assert torch.equal(ka, kb) and torch.equal(va, vb)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.committed, b.committed)
+
+
+def test_a_prompt_admitted_mid_batch_rides_in_the_same_single_forward(monkeypatch):
+    tok = tiny_tokenizer()
+    model = tiny_model("block_causal", dtype=torch.bfloat16)
+    dec = Decoder(model, tok)
+    params = SamplingParams(max_tokens=16, threshold=0.5, ignore_eos=True)
+    long_prompt = tok.encode("The quick brown fox jumps over the lazy dog. " * 6)
+    short = [tok.encode("yes"), tok.encode("def add(a, b):")]
+    alone = [dec.generate(p, params).token_ids for p in [*short, long_prompt]]
+
+    rows_per_forward: list[list[int]] = []
+    real = model.forward_packed
+
+    def counting(ids, positions, lengths, masks, pasts):
+        rows_per_forward.append(list(lengths))
+        return real(ids, positions, lengths, masks, pasts)
+
+    monkeypatch.setattr(model, "forward_packed", counting)
+    states = [dec.start(p, params) for p in short]
+    dec.step(states)  # the short ones are decoding when the long prompt arrives
+    states.append(dec.start(long_prompt, params))
+    rows_per_forward.clear()
+    dec.step(states)
+    assert len(rows_per_forward) == 1  # the prompt's prefill and both decode steps: one forward
+    lengths = rows_per_forward[0]
+    assert lengths[2] >= len(long_prompt) and max(lengths[:2]) < len(long_prompt)  # no padding to the prompt
+    while not all(s.finished for s in states):
+        dec.step(states)
+    assert [s.answer_ids for s in states] == alone
