@@ -131,36 +131,61 @@ class Attention(nn.Module):
         lengths: list[int],
         masks: list[torch.Tensor | None],
         pasts: list[KV | None],
+        query_rows: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[KV]]:
         """Several sequences packed along the rows of ``x`` [1, N, d]: projections run once over all N rows,
         attention runs per sequence over its own keys (no padding), so each sequence sees exactly the shapes
-        it would see alone. Returns the packed output and each sequence's new (k, v) [1, H, T_i, D]."""
+        it would see alone. Returns the packed output and each sequence's new (k, v) [1, H, T_i, D].
+
+        ``query_rows`` (per sequence, its row indices) computes the output only for those rows (keys and
+        values still come from every row): the last layer needs no output for rows nobody reads."""
         _, n, _ = x.shape
-        q = self.q_proj(x).view(1, n, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(1, n, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(1, n, self.n_kv, self.head_dim)
+        if query_rows is None:
+            q_lengths, xq, cq, sq = lengths, x, cos, sin
+        else:
+            q_lengths = [int(r.numel()) for r in query_rows]
+            sel = _global_rows(query_rows, lengths)
+            xq, cq, sq = x[:, sel], cos[:, :, sel], sin[:, :, sel]
+        nq = xq.shape[1]
+        q = self.q_proj(xq).view(1, nq, self.n_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)
+        q = apply_rope(q.transpose(1, 2), cq, sq)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
         outs: list[torch.Tensor] = []
         new_kvs: list[KV] = []
-        start = 0
-        for t, mask, past in zip(lengths, masks, pasts, strict=True):
-            rows = slice(start, start + t)
-            start += t
+        start = q_start = 0
+        for i, (t, tq, mask, past) in enumerate(zip(lengths, q_lengths, masks, pasts, strict=True)):
+            rows, q_rows = slice(start, start + t), slice(q_start, q_start + tq)
+            start, q_start = start + t, q_start + tq
             ki, vi = k[:, :, rows], v[:, :, rows]
             new_kvs.append((ki, vi))
+            if tq == 0:
+                continue
             if past is not None:
                 ki = torch.cat([past[0], ki], dim=2)
                 vi = torch.cat([past[1], vi], dim=2)
+            if mask is not None and query_rows is not None:
+                mask = mask[:, :, query_rows[i]]
             outs.append(F.scaled_dot_product_attention(
-                q[:, :, rows], ki, vi, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
+                q[:, :, q_rows], ki, vi, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
             ))
+        if not outs:
+            return x.new_zeros(1, 0, x.shape[-1]), new_kvs
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-        y = y.transpose(1, 2).reshape(1, n, self.n_heads * self.head_dim)
+        y = y.transpose(1, 2).reshape(1, nq, self.n_heads * self.head_dim)
         return self.o_proj(y), new_kvs
+
+
+def _global_rows(query_rows: list[torch.Tensor], lengths: list[int]) -> torch.Tensor:
+    """Per-sequence row indices -> indices into the packed rows."""
+    offsets = [0]
+    for t in lengths[:-1]:
+        offsets.append(offsets[-1] + t)
+    return torch.cat([r + o for r, o in zip(query_rows, offsets, strict=True)]).long()
 
 
 class SwiGLU(nn.Module):
@@ -240,8 +265,12 @@ class Block(nn.Module):
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, new_kv
 
-    def forward_packed(self, x, cos, sin, lengths, masks, pasts):
-        h, new_kvs = self.self_attn.forward_packed(self.input_layernorm(x), cos, sin, lengths, masks, pasts)
+    def forward_packed(self, x, cos, sin, lengths, masks, pasts, query_rows=None):
+        h, new_kvs = self.self_attn.forward_packed(
+            self.input_layernorm(x), cos, sin, lengths, masks, pasts, query_rows
+        )
+        if query_rows is not None:
+            x = x[:, _global_rows(query_rows, lengths)]
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, new_kvs
@@ -318,6 +347,7 @@ class Transformer(nn.Module):
         lengths: list[int],
         masks: list[torch.Tensor | None],
         pasts: list[list[KV] | None],
+        output_rows: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[list[KV]]]:
         """Run several sequences in one pass without padding them to a common length.
 
@@ -328,16 +358,23 @@ class Transformer(nn.Module):
         attention is split per sequence, with each sequence's own keys. A sequence therefore gets the same
         numbers as a plain ``forward`` of it alone would compute, whatever else is packed with it.
         Returns final-norm hidden states [N, d] and, per sequence, the per-layer (k, v) of its inputs.
+        With ``output_rows`` (per sequence, the row indices whose hidden states the caller reads, e.g. the
+        still-masked positions) the last layer computes only those rows (keys and values still cover every
+        row) and the result is [sum of their counts, d], sequence after sequence.
         """
         if sum(lengths) != input_ids.numel() or positions.shape != input_ids.shape:
             raise ValueError("packed input_ids/positions must hold sum(lengths) rows")
+        if output_rows is not None and len(output_rows) != len(lengths):
+            raise ValueError("output_rows needs one index tensor per sequence")
         x = self.embed_tokens(input_ids.unsqueeze(0))
         rot_dim = int(self.config.head_dim * self.config.partial_rotary_factor)
         cos, sin = rope_cos_sin(positions.unsqueeze(0), rot_dim, self.config.rope_theta, x.dtype)
         per_seq: list[list[KV]] = [[] for _ in lengths]
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             layer_pasts = [None if p is None else p[i] for p in pasts]
-            x, kvs = layer.forward_packed(x, cos, sin, lengths, masks, layer_pasts)
+            rows = output_rows if i == last else None
+            x, kvs = layer.forward_packed(x, cos, sin, lengths, masks, layer_pasts, rows)
             for seq, kv in zip(per_seq, kvs, strict=True):
                 seq.append(kv)
         return self.norm(x)[0], per_seq

@@ -385,10 +385,9 @@ class Decoder:
         plans = [s.plan() for s in live]
         # ONE forward for every state, inputs packed without padding (an admitted prompt's prefill rides along
         # with the one-block decode steps of the others), then ONE vocabulary projection for all wanted rows
-        outputs = self._forward_packed(plans)
-        logits_all = self.model.logits(torch.cat([rows for rows, _ in outputs]))
-        logits_per_state = logits_all.split([rows.shape[0] for rows, _ in outputs])
-        for st, plan, (_, new_kv), logits in zip(live, plans, outputs, logits_per_state, strict=True):
+        hidden, new_kvs = self._forward_packed(plans)
+        logits_per_state = self.model.logits(hidden).split([p.logit_rows.numel() for p in plans])
+        for st, plan, new_kv, logits in zip(live, plans, new_kvs, logits_per_state, strict=True):
             if plan.store is not None:
                 row, pos, n = plan.store
                 if plan.reset_cache:
@@ -397,26 +396,22 @@ class Decoder:
             st.needs_refresh = False
             st.apply(plan.logit_positions, logits, self)
 
-    def _forward_packed(self, plans: list[_Plan]) -> list[tuple[torch.Tensor, list[KV]]]:
+    def _forward_packed(self, plans: list[_Plan]) -> tuple[torch.Tensor, list[list[KV]]]:
         """One forward for all plans, their inputs packed row after row (no padding): see
-        :meth:`Transformer.forward_packed`. Returns per plan its hidden rows and per-layer new (k, v)."""
+        :meth:`Transformer.forward_packed`. Returns the hidden states of every plan's logit rows (plan after
+        plan) and per plan the per-layer new (k, v) of its inputs."""
         cfg = self.model.config
-        lengths = [p.input_ids.numel() for p in plans]
         masks: list[torch.Tensor | None] = []
         for p in plans:
             keys = torch.cat([p.past_positions, p.positions])
             m = attention_mask(cfg.attention_mode, p.positions, keys, cfg.block_size)
             # a query block that sees every key (the usual decode step) needs no mask: the fused kernel skips it
             masks.append(None if m is None or bool(m.all()) else m[None, None])
-        ids = torch.cat([p.input_ids for p in plans])
-        pos = torch.cat([p.positions for p in plans])
-        hidden, kvs = self.model.forward_packed(ids, pos, lengths, masks, [p.past for p in plans])
-        out = []
-        start = 0
-        for p, n, kv in zip(plans, lengths, kvs, strict=True):
-            out.append((hidden[start + p.logit_rows], kv))
-            start += n
-        return out
+        return self.model.forward_packed(
+            torch.cat([p.input_ids for p in plans]), torch.cat([p.positions for p in plans]),
+            [p.input_ids.numel() for p in plans], masks, [p.past for p in plans],
+            output_rows=[p.logit_rows for p in plans],
+        )
 
     def run(self, state: DecodeState, on_step: Callable[[DecodeState], None] | None = None) -> GenerationResult:
         while not state.finished:
