@@ -124,3 +124,21 @@ def test_a_prompt_admitted_mid_batch_rides_in_the_same_single_forward(monkeypatc
     while not all(s.finished for s in states):
         dec.step(states)
     assert [s.answer_ids for s in states] == alone
+
+
+def test_concurrency_level_keeps_the_engine_full_and_reports_the_sustained_rate():
+    from pathlib import Path
+
+    from quicksilver.bench.concurrency import concurrency_sweep
+    from quicksilver.bench.workload import Prompt
+    from quicksilver.checkpoint import LoadedModel
+
+    tok = tiny_tokenizer()
+    lm = LoadedModel(tiny_model(dtype=torch.bfloat16), tok, SamplingParams(), Path("tiny"), "tiny")
+    prompts = [Prompt("t", None, tok.encode(t), 8) for t in ("hello there", "def add(a, b):", "yes")]
+    (level,) = concurrency_sweep(lm, SamplingParams(max_tokens=8, ignore_eos=True), prompts, [3], 2)
+    assert level["requests"] == 9  # at least three requests per client, however few were asked for
+    assert level["useful_tokens"] == 9 * 8
+    assert 0 < level["sustained_window_s"] <= level["wall_s"]
+    assert level["sustained_tokens_per_second"] > 0
+    assert 1 < level["mean_batch"] <= 3  # the clients' requests shared forwards

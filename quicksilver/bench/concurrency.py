@@ -1,8 +1,19 @@
 """Concurrency sweep through the serving engine: N closed-loop clients, each sending requests back to back.
 
 With N clients there are always N requests in the engine (continuous batching refills a slot as soon as
-a request finishes), which is what "N simultaneous requests" means for a server. Aggregate throughput is
-all useful tokens over the wall time of the level; latency is per request, submit to final result.
+a request finishes), which is what "N simultaneous requests" means for a server. Clients take their next
+prompt from one shared pool, like independent users, until it is empty.
+
+Two throughputs per level:
+
+* ``aggregate_tokens_per_second``: all useful tokens over the wall time of the whole level, the drain at the
+  end included (when the pool is empty, the batch shrinks as the last requests finish one by one);
+* ``sustained_tokens_per_second``: useful tokens committed while all N clients were busy (from the start until
+  the pool ran dry) over that window. Requests still running at the window's end count the answer tokens they
+  had committed by then. This is the rate at N concurrent streams; with few requests per client the whole-level
+  number mostly measures the drain.
+
+Latency is per request, submit to final result.
 """
 
 from __future__ import annotations
@@ -10,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Sequence
 
 from quicksilver.bench.workload import Prompt, percentile
@@ -17,29 +29,41 @@ from quicksilver.checkpoint import LoadedModel
 from quicksilver.sampling import SamplingParams
 
 
-def _forwards(engine) -> float:
-    return engine.metrics.registry.get_sample_value("quicksilver_forwards_total") or 0.0
+def _sample(engine, name: str) -> float:
+    return engine.metrics.registry.get_sample_value(name) or 0.0
 
 
 async def _level(loaded: LoadedModel, params: SamplingParams, prompts: Sequence[Prompt], clients: int,
-                 per_client: int, batch_invariant: bool) -> dict:
+                 requests: int, batch_invariant: bool) -> dict:
     from quicksilver.engine import Engine
 
     engine = Engine(loaded, max_batch=clients, max_queue=clients, batch_invariant=batch_invariant)
     await engine.start()
+    pool = deque(prompts[i % len(prompts)] for i in range(requests))
     latencies: list[float] = []
     tokens = 0
-    forwards_before = _forwards(engine)
+    in_window = 0  # useful tokens of requests finished while every client was busy
+    window_end: float | None = None
+    running: dict[int, object] = {}  # client -> its current request handle
+    forwards_before = _sample(engine, "quicksilver_forwards_total")
+    batch_before = _sample(engine, "quicksilver_batch_size_sum")
 
     async def client(c: int) -> None:
-        nonlocal tokens
-        for j in range(per_client):
-            p = prompts[(c * per_client + j) % len(prompts)]
-            t0 = time.perf_counter()
+        nonlocal tokens, in_window, window_end
+        while pool:
+            p = pool.popleft()
+            t_submit = time.perf_counter()
             handle = engine.submit(p.ids, params.replace(max_tokens=p.max_tokens))
+            running[c] = handle
             result = await handle.result()
-            latencies.append(time.perf_counter() - t0)
+            latencies.append(time.perf_counter() - t_submit)
             tokens += result.stats.tokens
+            if window_end is None:
+                in_window += result.stats.tokens
+        running.pop(c, None)
+        if window_end is None:  # the first client out of work closes the full-occupancy window
+            window_end = time.perf_counter()
+            in_window += sum(h.state.committed_prefix_len for h in running.values() if not h.done)
 
     t0 = time.perf_counter()
     try:
@@ -47,11 +71,15 @@ async def _level(loaded: LoadedModel, params: SamplingParams, prompts: Sequence[
     finally:
         await engine.shutdown(drain=True)
     wall = time.perf_counter() - t0
-    steps = _forwards(engine) - forwards_before
+    window = (window_end or t0 + wall) - t0
+    steps = _sample(engine, "quicksilver_forwards_total") - forwards_before
+    batch_sum = _sample(engine, "quicksilver_batch_size_sum") - batch_before
     return {
         "concurrency": clients, "requests": len(latencies), "useful_tokens": tokens, "wall_s": wall,
-        "batched_forwards": int(steps),
+        "batched_forwards": int(steps), "mean_batch": batch_sum / steps if steps else 0.0,
         "aggregate_tokens_per_second": tokens / wall if wall else 0.0,
+        "sustained_window_s": window,
+        "sustained_tokens_per_second": in_window / window if window > 0 else 0.0,
         "latency_s_p50": percentile(latencies, 50), "latency_s_p99": percentile(latencies, 99),
     }
 
@@ -63,13 +91,15 @@ def concurrency_sweep(
     levels: Sequence[int],
     requests_per_level: int,
     batch_invariant: bool = True,
+    min_requests_per_client: int = 3,
 ) -> list[dict]:
-    """One engine per level; each level serves at least ``requests_per_level`` requests (and at least one
-    per client), cycling through ``prompts``."""
+    """One engine per level; each level serves ``requests_per_level`` requests but at least
+    ``min_requests_per_client`` per client (so the engine runs full for a while before the drain), cycling
+    through ``prompts``."""
     out = []
     for n in levels:
-        per_client = max(1, -(-requests_per_level // n))
-        out.append(asyncio.run(_level(loaded, params, prompts, n, per_client, batch_invariant)))
+        requests = max(requests_per_level, n * max(1, min_requests_per_client))
+        out.append(asyncio.run(_level(loaded, params, prompts, n, requests, batch_invariant)))
     return out
 
 
