@@ -26,13 +26,15 @@ __all__ = [
 
 
 def json_schema_constraint(
-    schema: dict, tokenizer: Tokenizer, strict: bool = True, max_tokens: int | None = None
+    schema: dict, tokenizer: Tokenizer, strict: bool = True, max_tokens: int | None = None, layout: str = "lazy"
 ) -> StructuredConstraint:
     """Constraint for ``response_format: {"type": "json_schema", ...}``.
 
     Raises UnsupportedSchema for schemas we cannot enforce, ValueError if the skeleton cannot fit in
     ``max_tokens`` (when given; otherwise checked when decoding starts). ``strict=False`` treats ``format``
-    as an annotation (as JSON Schema itself does); every other keyword is enforced either way.
+    as an annotation (as JSON Schema itself does); every other keyword is enforced either way. ``layout``:
+    "lazy" (skeleton pinned as the values are written, no filler inside the answer) or "fixed" (all pinned up
+    front, fixed-width slots), see :mod:`quicksilver.structured.constraint`.
     """
     import jsonschema
 
@@ -41,7 +43,8 @@ def json_schema_constraint(
 
     pieces = SchemaCompiler(schema, strict=strict).compile()
     validator = jsonschema.validators.validator_for(schema)(schema)
-    return StructuredConstraint(tokenizer, schema_planner(pieces, tokenizer), json_validator(validator), max_tokens)
+    return StructuredConstraint(tokenizer, schema_planner(pieces, tokenizer), json_validator(validator), max_tokens,
+                                layout)
 
 
 def json_object_constraint(tokenizer: Tokenizer, max_tokens: int | None = None) -> JsonObjectConstraint:

@@ -53,14 +53,15 @@ def _decode(decoder: Any, prompt_ids: list[int], params: Any, constraint: Any) -
 
 def compare_pinned_vs_free(
     loaded: Any, schema: dict, prompt: str, max_tokens: int = 128, seed: int = 0, temperature: float = 0.0,
-    chat: bool = True, repeats: int = 1, **param_overrides: Any,
+    chat: bool = True, repeats: int = 1, layout: str = "lazy", **param_overrides: Any,
 ) -> dict:
     """Decode ``prompt`` under the pinned skeleton, then the same number of tokens freely, twice: the whole
     skeleton canvas (``free``: fillers included) and just the JSON text's tokens (``free_json_length``).
 
     ``loaded`` is a LoadedModel (``quicksilver.checkpoint``) or anything with ``model``, ``tokenizer`` and
     ``defaults``. The free run uses ``ignore_eos`` and ``max_tokens`` = the constrained answer's length so
-    both canvases are the same size. Wall times are the best of ``repeats``.
+    both canvases are the same size. Wall times are the best of ``repeats``. ``layout``: "lazy" or "fixed"
+    skeleton (see :mod:`quicksilver.structured.constraint`).
     """
     from quicksilver.decoding import Decoder
     from quicksilver.structured import json_schema_constraint
@@ -73,7 +74,7 @@ def compare_pinned_vs_free(
                                      **param_overrides)
     best_pinned = best_free = best_short = float("inf")
     for _ in range(max(1, repeats)):
-        constraint = json_schema_constraint(schema, tok, max_tokens=max_tokens)
+        constraint = json_schema_constraint(schema, tok, max_tokens=max_tokens, layout=layout)
         pinned, t_pinned = _decode(decoder, ids, params, constraint)
         best_pinned = min(best_pinned, t_pinned)
         length = len(pinned.token_ids)  # the canvas the skeleton occupied (slot fillers included)
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--policy", default=None)
     ap.add_argument("--threshold", type=float, default=None)
+    ap.add_argument("--layout", default="lazy", choices=["lazy", "fixed"], help="skeleton layout (default lazy)")
     args = ap.parse_args(argv)
     import torch
 
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_grad_enabled(False)
     for key, schema in SCHEMAS.items():
         row = compare_pinned_vs_free(loaded, schema, prompts[key], max_tokens=args.max_tokens,
-                                     repeats=args.repeats, **overrides)
+                                     repeats=args.repeats, layout=args.layout, **overrides)
         print(json.dumps({"model": name, "schema": key, **row}, ensure_ascii=False), flush=True)
     return 0
 

@@ -16,6 +16,19 @@ How it plugs into the decode loop (``quicksilver.decoding``):
 
 A tool call for one of several tools first fills the name slot; once it is complete the arguments
 skeleton of that tool is pinned behind it ("late pinning").
+
+Layouts (``layout=``):
+
+* ``"lazy"`` (default): the skeleton is laid out as the answer is written. A slot's tokens are committed left
+  to right; once its value is complete (no token but the filler fits, or the model picks the filler: the
+  "value is over" mass) the slot is cut to the value's length and the next skeleton piece is pinned right
+  behind it. No filler ever sits inside the answer, so the model sees text laid out as in training
+  (``"age": 52, "city"`` rather than ``"age": 52<pad><pad>..., "city"``), at the price of values being
+  written left to right (pinned text still costs no forward).
+* ``"fixed"``: the whole skeleton is pinned up front and each value slot has a fixed width padded with the
+  filler (fastest for a bidirectional model, which then also sees the keys after a value).
+
+Slots meet the pinned text where the tokenizer cuts the canonical text (``segmentation.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +46,10 @@ from quicksilver.decoding.constraints import Constraint
 from quicksilver.structured.layout import Layout, SlotRun, lay_out
 from quicksilver.structured.lexicon import Lexicon, lexicon_for
 from quicksilver.structured.schema import Piece
+from quicksilver.structured.segmentation import natural_pieces
 from quicksilver.tokenizer import Tokenizer
+
+LAYOUTS = ("lazy", "fixed")
 
 if TYPE_CHECKING:
     from quicksilver.decoding.denoise import DecodeState
@@ -50,6 +66,11 @@ class Plan:
     head: Layout
     tails: dict[str, Layout] | None = None  # None: the head is the whole skeleton
     choice_slot: int | None = None  # index of the slot whose value picks the tail
+    choice_affix: tuple[int, int] = (0, 0)  # bytes of fixed prefix/suffix around the choice slot's value
+
+    def choice(self, value: bytes) -> Layout:
+        pre, suf = self.choice_affix
+        return self.tails[value[pre : len(value) - suf].decode("utf-8")]
 
 
 @dataclass
@@ -60,6 +81,8 @@ class _Run:
     end_id: int
     complete: bool
     slot_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # relative pos -> slot / -1
+    active: int = -1  # lazy layout: the slot being written (len(slots) once all are closed); -1: fixed layout
+    laid: int = 0  # lazy layout: relative positions below this are laid out (pinned, or in a placed slot)
 
     def index(self) -> None:
         self.slot_at = np.full(self.layout.length, -1, dtype=np.int64)
@@ -84,7 +107,11 @@ class StructuredConstraint(Constraint):
         planner: Callable[[int | None, Lexicon, tuple[int, ...]], Plan],
         validate: Callable[[str], Any],
         max_tokens: int | None = None,
+        layout: str = "lazy",
     ):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}")
+        self.lazy = layout == "lazy"
         self.tokenizer = tokenizer
         self.lex = lexicon_for(tokenizer)
         self._planner = planner
@@ -126,7 +153,12 @@ class StructuredConstraint(Constraint):
         run = _Run(state.prompt_len, plan, layout, end_id, complete=plan.tails is None)
         run.index()
         self._runs[state] = run
-        return {run.base + i: t for i, t in enumerate(layout.tokens) if t >= 0}
+        if not self.lazy:
+            return {run.base + i: t for i, t in enumerate(layout.tokens) if t >= 0}
+        run.active = 0
+        pins = self._lay_next(state, run)
+        pins.update(self._pin_forced_lazy(state, run, {}))
+        return pins
 
     def _slot_cols(self, state: DecodeState, run: _Run, slot: SlotRun) -> list[int]:
         a = slot.automaton
@@ -143,9 +175,11 @@ class StructuredConstraint(Constraint):
         committed = state.committed[positions].tolist()
         current = state.tokens[positions].tolist()
         by_slot: dict[int, list[int]] = {}
+        laid = run.laid if self.lazy else run.layout.length
+        all_laid = run.complete and (not self.lazy or run.active >= len(run.layout.slots))
         for i, r in enumerate(rel):
-            if r >= run.layout.length:
-                if run.complete:
+            if r >= laid:
+                if all_laid and r >= run.layout.length:
                     allow[i, run.end_id] = True  # after the skeleton: only the end of the answer
                 else:
                     allow[i] = True  # not laid out yet; never committed (see allow_commits)
@@ -179,6 +213,8 @@ class StructuredConstraint(Constraint):
         self, state: DecodeState, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
     ) -> torch.Tensor:
         run = self._runs[state]
+        if self.lazy:
+            return self._allow_commits_lazy(state, run, positions, tokens, keep)
         out = torch.zeros_like(keep)
         order = positions.argsort().tolist()
         trial: dict[int, list[int]] = {}
@@ -262,8 +298,7 @@ class StructuredConstraint(Constraint):
         if not bool(done.all()):
             return
         # the slot's bytes, as its automaton read them (exactly one of the escaped tool names)
-        text = b"".join(self.lex.token_bytes(t) for t in toks.tolist() if t != self.lex.filler_id).decode("utf-8")
-        tail = plan.tails[text]
+        tail = plan.choice(b"".join(self.lex.token_bytes(t) for t in toks.tolist() if t != self.lex.filler_id))
         run.layout = _concat(plan.head, tail)
         run.complete = True
         run.index()
@@ -274,19 +309,150 @@ class StructuredConstraint(Constraint):
                 state.tokens[p] = tok
                 state.committed[p] = state.fixed[p] = True
 
+    # -- lazy layout -------------------------------------------------------------------------------------
+    def _allow_commits_lazy(
+        self, state: DecodeState, run: _Run, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
+    ) -> torch.Tensor:
+        """Commit the active slot's next positions left to right (the policy's picks, as long as they are
+        contiguous and keep the slot completable); the filler there means "the value is over"."""
+        out = torch.zeros_like(keep)
+        slots = run.layout.slots
+        if run.active >= len(slots):  # all laid out: only end tokens after the skeleton (see mask_logits)
+            return keep & (positions - run.base >= run.layout.length)
+        slot = slots[run.active]
+        start = run.base + slot.offset
+        cols = self._slot_cols(state, run, slot)
+        nxt = _committed_prefix(cols)
+        row_of = {int(p): i for i, p in enumerate(positions.tolist())}
+        auto = slot.automaton
+        ended = False
+
+        def try_next(i: int) -> bool:
+            nonlocal nxt, ended
+            col = auto.col_of.get(int(tokens[i]))
+            if col is None:
+                return False
+            cols[nxt] = col
+            fits = slot.solver.feasible(cols)
+            if col == auto.filler_col:
+                # the model closes the value here (if it is complete: the token was sampled before this step's
+                # earlier commits); the next skeleton piece then goes in this position
+                cols[nxt] = -1
+                ended = fits
+                return False
+            if not fits:
+                cols[nxt] = -1
+                return False
+            out[i] = True
+            nxt += 1
+            return True
+
+        while nxt < slot.length and not ended:
+            i = row_of.get(start + nxt)
+            if i is None or not bool(keep[i]) or not try_next(i):
+                break
+        if not ended and not bool(out.any()) and bool(keep.any()) and nxt < slot.length:
+            i = row_of.get(start + nxt)  # the policy's picks are all further right: take the slot's next position
+            if i is not None:
+                try_next(i)
+        if bool(out.any()):
+            state.fixed[positions[out]] = True  # committed values are never revised (self-correction)
+        trial = {run.active: cols}
+        if ended:
+            self._close_slot(state, run, nxt, trial)
+        self._pin_forced_lazy(state, run, trial)
+        return out
+
+    def _lay_next(self, state: DecodeState, run: _Run) -> dict[int, int]:
+        """Pin the skeleton tokens from the end of the last closed slot up to the active slot (or the end)."""
+        slots = run.layout.slots
+        prev_end = slots[run.active - 1].offset + slots[run.active - 1].length if run.active > 0 else 0
+        if run.active < len(slots):
+            upto = slots[run.active].offset
+            run.laid = upto + slots[run.active].length
+        else:
+            upto = run.laid = run.layout.length
+        pins = {}
+        for r in range(prev_end, upto):
+            p, tok = run.base + r, run.layout.tokens[r]
+            state.tokens[p] = tok
+            state.committed[p] = state.fixed[p] = True
+            pins[p] = tok
+        return pins
+
+    def _close_slot(self, state: DecodeState, run: _Run, length: int, state_cols: dict) -> dict[int, int]:
+        """The active slot's value is complete after ``length`` tokens: cut the slot there, pin what follows."""
+        s = run.active
+        layout = run.layout
+        slot = layout.slots[s]
+        cut = slot.length - length
+        if cut:
+            tokens = layout.tokens[: slot.offset + length] + layout.tokens[slot.offset + slot.length :]
+            slots = [*layout.slots[:s], SlotRun(slot.offset, length, slot.solver, slot.closers)]
+            slots += [SlotRun(x.offset - cut, x.length, x.solver, x.closers) for x in layout.slots[s + 1 :]]
+            layout = Layout(tokens, slots)
+        if not run.complete and s == run.plan.choice_slot:
+            cols = state_cols.get(s)
+            ids = ([int(slot.automaton.token_ids[c]) for c in cols[:length]] if cols is not None
+                   else state.tokens[run.base + slot.offset : run.base + slot.offset + length].tolist())
+            value = b"".join(self.lex.token_bytes(t) for t in ids)
+            layout = _concat(layout, run.plan.choice(value))
+            run.complete = True
+        run.layout = layout
+        run.active = s + 1
+        run.index()
+        return self._lay_next(state, run)
+
+    def _pin_forced_lazy(self, state: DecodeState, run: _Run, trial: dict[int, list[int]]) -> dict[int, int]:
+        """Commit the active slot's next position while only one token fits there; close the slot when only
+        the filler does (the value is complete); go on into the next slot. ``trial``: columns decided this
+        step but not written to the canvas yet."""
+        pins: dict[int, int] = {}
+        while run.active < len(run.layout.slots):
+            slot = run.layout.slots[run.active]
+            cols = trial.get(run.active) or self._slot_cols(state, run, slot)
+            nxt = _committed_prefix(cols)
+            if nxt >= slot.length:
+                pins.update(self._close_slot(state, run, slot.length, {run.active: cols}))
+                continue
+            allowed = np.flatnonzero(slot.solver.masks(cols, [nxt])[nxt])
+            if allowed.size != 1:
+                break
+            col = int(allowed[0])
+            if col == slot.automaton.filler_col:
+                pins.update(self._close_slot(state, run, nxt, {run.active: cols}))
+                continue
+            p, tok = run.base + slot.offset + nxt, int(slot.automaton.token_ids[col])
+            state.tokens[p] = tok
+            state.committed[p] = state.fixed[p] = True
+            pins[p] = tok
+            cols[nxt] = col
+            trial = {run.active: cols}
+        return pins
+
     def filler_token_ids(self) -> frozenset[int]:
         return frozenset() if self.lex.filler_id is None else frozenset({self.lex.filler_id})
 
     def finished(self, state: DecodeState) -> bool:
         run = self._runs.get(state)
-        if run is None or not run.complete:
+        if run is None or not run.complete or (self.lazy and run.active < len(run.layout.slots)):
             return False
         return bool(state.committed[run.base : run.base + run.layout.length].all())
 
 
+def _committed_prefix(cols: list[int]) -> int:
+    """Leading committed positions of a slot (columns >= 0)."""
+    n = 0
+    while n < len(cols) and cols[n] >= 0:
+        n += 1
+    return n
+
+
 def schema_planner(pieces: list[Piece], tokenizer: Tokenizer):
+    natural = natural_pieces(pieces, tokenizer)
+
     def planner(max_tokens: int | None, lex: Lexicon, end_ids: tuple[int, ...]) -> Plan:
-        return Plan(lay_out(pieces, tokenizer, lex, max_tokens, end_ids))
+        return Plan(lay_out(natural, tokenizer, lex, max_tokens, end_ids))
 
     return planner
 

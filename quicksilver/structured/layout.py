@@ -10,6 +10,7 @@ import numpy as np
 from quicksilver.structured.automata import SlotSolver, TokenAutomaton, TooManyStates
 from quicksilver.structured.lexicon import Lexicon
 from quicksilver.structured.schema import Piece, Slot, UnsupportedSchema
+from quicksilver.structured.segmentation import Pinned
 from quicksilver.structured.values import UnionError, build
 from quicksilver.tokenizer import Tokenizer
 
@@ -62,6 +63,8 @@ def automaton_for(spec: tuple, lex: Lexicon) -> TokenAutomaton:
 
 
 def _describe(spec: tuple) -> str:
+    if spec[0] == "affix":
+        return _describe(spec[2])
     if spec[0] == "number":
         _, integer, lo, hi, lo_x, hi_x = spec
         kind = "integer" if integer else "number"
@@ -83,9 +86,12 @@ class _Planned:
 
 
 def lay_out(
-    pieces: list[Piece], tokenizer: Tokenizer, lex: Lexicon, max_tokens: int | None, end_ids: tuple[int, ...] = ()
+    pieces: list[Piece | Pinned], tokenizer: Tokenizer, lex: Lexicon, max_tokens: int | None,
+    end_ids: tuple[int, ...] = (),
 ) -> Layout:
-    """Tokenize the fixed text, size the slots to fit ``max_tokens`` (ValueError if impossible)."""
+    """Tokenize the fixed text, size the slots to fit ``max_tokens`` (ValueError if impossible).
+
+    Pieces are text, :class:`Pinned` token ids, or slots."""
     if lex.filler_id is None:
         raise UnsupportedSchema("the tokenizer has no spare special token to pad value slots with")
     encoded: list[list[int] | _Planned] = []
@@ -93,14 +99,18 @@ def lay_out(
         if isinstance(p, str):
             encoded.append(tokenizer.encode(p))
             continue
+        if isinstance(p, Pinned):  # token ids cut from the canonical text
+            encoded.append(list(p))
+            continue
         auto = automaton_for(p.spec, lex)
         solver = SlotSolver(auto)
         min_len = solver.min_length()
         if min_len is None:
             raise UnsupportedSchema(f"no value of {_describe(p.spec)} can be written with this vocabulary")
         budget = max(p.budget, min_len)
-        if p.spec[0] == "literals":  # room for the longest alternative as the tokenizer writes it
-            budget = max(budget, *(len(tokenizer.encode(t)) for t in p.spec[1]))
+        pre, inner, suf = (p.spec[1], p.spec[2], p.spec[3]) if p.spec[0] == "affix" else ("", p.spec, "")
+        if inner[0] == "literals":  # room for the longest alternative as the tokenizer writes it
+            budget = max(budget, *(len(tokenizer.encode(pre + t + suf)) for t in inner[1]))
         encoded.append(_Planned(p, auto, min_len, budget))
     fixed = sum(len(e) for e in encoded if isinstance(e, list))
     slots = [e for e in encoded if isinstance(e, _Planned)]

@@ -8,6 +8,7 @@ the name slot (one of the tool names), then that tool's arguments skeleton is pi
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import jsonschema
@@ -16,6 +17,7 @@ from quicksilver.structured.constraint import Plan, StructuredConstraint, Struct
 from quicksilver.structured.layout import lay_out
 from quicksilver.structured.lexicon import Lexicon
 from quicksilver.structured.schema import Piece, SchemaCompiler, Slot, UnsupportedSchema, dumps
+from quicksilver.structured.segmentation import natural_pieces
 from quicksilver.tokenizer import TOOL_CALLS, Tokenizer
 
 
@@ -48,9 +50,11 @@ def _strict(tools: list[dict], name: str) -> bool:
 
 
 def tool_call_constraint(
-    tools: list[dict], tool_choice: Any, tokenizer: Tokenizer, max_tokens: int | None = None
+    tools: list[dict], tool_choice: Any, tokenizer: Tokenizer, max_tokens: int | None = None, layout: str = "lazy"
 ) -> StructuredConstraint | None:
-    """A constraint forcing a valid call, or None when the model may answer freely ("none"/"auto")."""
+    """A constraint forcing a valid call, or None when the model may answer freely ("none"/"auto").
+
+    ``layout``: "lazy" or "fixed" (see :mod:`quicksilver.structured.constraint`)."""
     if tool_choice is None or tool_choice in ("none", "auto"):
         return None
     functions = _functions(tools)
@@ -78,28 +82,37 @@ def tool_call_constraint(
             raise StructuredOutputError(f"output is not a valid tool call: {text!r}")
         return calls
 
-    return StructuredConstraint(tokenizer, planner, validate, max_tokens)
+    return StructuredConstraint(tokenizer, planner, validate, max_tokens, layout)
 
 
 def _plan(names: list[str], args: dict[str, list[Piece]], tokenizer: Tokenizer, lex: Lexicon,
           max_tokens: int | None, end_ids: tuple[int, ...]) -> Plan:
     if len(names) == 1:
         pieces = [TOOL_CALLS + '[{"name": ' + dumps(names[0]) + ', "arguments": ', *args[names[0]], "}]"]
-        return Plan(lay_out(_merge(pieces), tokenizer, lex, max_tokens, end_ids))
+        return Plan(lay_out(natural_pieces(_merge(pieces), tokenizer), tokenizer, lex, max_tokens, end_ids))
     alive = list(names)
     errors: list[str] = []
     while True:
         escaped = tuple(dumps(n)[1:-1] for n in alive)
-        head_pieces: list[Piece] = [TOOL_CALLS + '[{"name": "', Slot(("literals", escaped), 0, False)]
+        tail_pieces = {n: _merge(['", "arguments": ', *args[n], "}]"]) for n in alive}
+        # the name slot is cut against the text all tails start with, so the head is the same for every tool
+        after = os.path.commonprefix([p[0] for p in tail_pieces.values()])
+        head_pieces = natural_pieces([TOOL_CALLS + '[{"name": "', Slot(("literals", escaped), 0, False), after],
+                                     tokenizer)
+        head_pieces = head_pieces[: next(i for i, p in enumerate(head_pieces) if isinstance(p, Slot)) + 1]
+        name_spec = head_pieces[-1].spec
+        pre, suf = (name_spec[1], name_spec[3]) if name_spec[0] == "affix" else ("", "")
         head = lay_out(head_pieces, tokenizer, lex, None, end_ids)
-        head.slots[-1].closers = _union(head.slots[-1].closers, lex.first_byte_ids(ord('"')))
+        if not suf:  # the closing quote is pinned: its mass means "name done"
+            head.slots[-1].closers = _union(head.slots[-1].closers, lex.first_byte_ids(ord('"')))
         room = None if max_tokens is None else max_tokens - head.length
         tails = {}
         for n, e in zip(alive, escaped, strict=True):
             try:
                 if room is not None and room < 1:
                     raise ValueError(f"max_tokens {max_tokens} leaves no room for the arguments")
-                tails[e] = lay_out(_merge(['", "arguments": ', *args[n], "}]"]), tokenizer, lex, room, end_ids)
+                rest = [tail_pieces[n][0][len(suf):], *tail_pieces[n][1:]]
+                tails[e] = lay_out(natural_pieces(_merge(rest), tokenizer), tokenizer, lex, room, end_ids)
             except ValueError as exc:
                 if isinstance(exc, UnsupportedSchema):
                     raise
@@ -109,7 +122,8 @@ def _plan(names: list[str], args: dict[str, list[Piece]], tokenizer: Tokenizer, 
         if len(tails) == len(alive):
             if len(alive) == 1:  # only one tool fits: pin its name too
                 return _plan(alive, args, tokenizer, lex, max_tokens, end_ids)
-            return Plan(head, tails, choice_slot=len(head.slots) - 1)
+            affix = (len(pre.encode("utf-8")), len(suf.encode("utf-8")))
+            return Plan(head, tails, choice_slot=len(head.slots) - 1, choice_affix=affix)
         alive = [n for n, e in zip(alive, escaped, strict=True) if e in tails]
 
 

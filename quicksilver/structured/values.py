@@ -13,6 +13,9 @@ Specs are hashable tuples so compiled automata can be cached per vocabulary:
 * ``("array", item_spec, min_items, max_items)``: the inside of ``[...]``: items separated by ``, ``.
 * ``("seq", (part, ...))``: fixed text ``("lit", text)`` and values one after another (an object whose
   keys the model must write itself: used for variable-length arrays of objects and anyOf of objects).
+* ``("affix", prefix, spec, suffix)``: a value with the skeleton text the tokenizer merges with it (the space
+  before a number, a closing quote merged with ``}``), so the slot holds whole natural tokens; the value's
+  counter (string length, item count) is kept.
 """
 
 from __future__ import annotations
@@ -405,8 +408,51 @@ def array_items(item: ByteAutomaton, min_items: int, max_items: int | None) -> B
     return ByteAutomaton("A0", step, accept, min_items, max_items, True)
 
 
+def affix(prefix: bytes, value: ByteAutomaton, suffix: bytes) -> ByteAutomaton:
+    """``prefix`` + a value + ``suffix``, the value's counter and exemptions kept.
+
+    The value is left as soon as the next byte cannot continue it (JSON values never continue into the
+    punctuation that follows them), so the automaton stays deterministic.
+    """
+
+    def step(s: Hashable, b: int) -> tuple[Hashable, int] | None:
+        tag = s[0]
+        if tag == "P":
+            k = s[1]
+            if prefix[k] != b:
+                return None
+            return (("P", k + 1), 0) if k + 1 < len(prefix) else (("V", value.start), 0)
+        if tag == "V":
+            r = value.step(s[1], b)
+            if r is not None:
+                return ("V", r[0]), r[1]
+            if suffix and suffix[0] == b and value.accept(s[1]):
+                exempt = bool(value.exempt(s[1])) if value.exempt else False
+                return ("S", 1, exempt), 0
+            return None
+        k = s[1]
+        return (("S", k + 1, s[2]), 0) if k < len(suffix) and suffix[k] == b else None
+
+    def accept(s: Hashable) -> bool:
+        if s[0] == "V":
+            return not suffix and value.accept(s[1])
+        return s[0] == "S" and s[1] == len(suffix)
+
+    def exempt(s: Hashable) -> bool:
+        if s[0] == "V":
+            return not suffix and value.exempt is not None and bool(value.exempt(s[1]))
+        return s[0] == "S" and s[1] == len(suffix) and s[2]
+
+    start = ("P", 0) if prefix else ("V", value.start)
+    return ByteAutomaton(start, step, accept, value.count_min, value.count_max, value.counted,
+                         exempt if value.exempt else None)
+
+
 def build(spec: tuple) -> ByteAutomaton | None:
     kind = spec[0]
+    if kind == "affix":
+        inner = build(spec[2])
+        return None if inner is None else affix(spec[1].encode("utf-8"), inner, spec[3].encode("utf-8"))
     if kind in ("string", "qstring"):
         lo, hi, pattern = (spec[1:] + (0, None, None)[len(spec) - 1:])[:3]
         if pattern is not None:
