@@ -169,3 +169,50 @@ def test_lazy_constraint_leaves_a_causal_models_valid_answer_unchanged(ar_twin):
         assert lazy.stats.forwards < free.stats.forwards  # pinned skeleton text still costs no forward
         checked += 1
     assert checked >= 3
+
+
+def test_auto_tool_choice_decides_then_constrains():
+    """tool_choice="auto": a call started with <|tool_calls|> is always valid; otherwise free text without the
+    marker. A tiny random model never starts a call, so one variant pushes the marker at the first position."""
+    from quicksilver.structured import auto_tool_constraint, parse_tool_calls
+    from quicksilver.structured.tools import AutoToolConstraint
+
+    class Eager(AutoToolConstraint):
+        def mask_logits(self, state, positions, logits):
+            if self._mode[state] == "undecided":
+                logits[positions == state.prompt_len, self.marker] += 100.0
+            return super().mask_logits(state, positions, logits)
+
+    tok = tiny_tokenizer()
+    marker = tok.token_id("<|tool_calls|>")
+    calls = 0
+    for mode in ["block_causal", "bidirectional", "causal"]:
+        dec = Decoder(tiny_model(mode, seed=4), tok)
+        for seed in range(3):
+            for eager in (False, True):
+                c = auto_tool_constraint(TOOLS, tok, max_tokens=64)
+                if eager:
+                    c = Eager(c.calls, c.marker)
+                params = SamplingParams(max_tokens=64, temperature=1.0, seed=seed)
+                ids = dec.run(dec.start(tok.encode("hi"), params, c)).token_ids
+                if eager:
+                    assert ids[0] == marker and ids.count(marker) == 1
+                    assert parse_tool_calls(tok.decode(ids[1:]), TOOLS) is not None
+                    assert c.lex.filler_id not in ids
+                    calls += 1
+                else:
+                    assert marker not in ids[1:]  # no malformed call halfway through a free answer
+    assert calls == 9
+    # tools whose call cannot fit the canvas: auto stays free (never a refusal)
+    assert auto_tool_constraint(TOOLS, tok, max_tokens=4) is None
+
+
+def test_constraint_factory_auto_is_opt_in():
+    from quicksilver.structured.request import constraint_factory
+    from quicksilver.structured.tools import AutoToolConstraint
+
+    tok = tiny_tokenizer()
+    assert constraint_factory(tok, tools=TOOLS, tool_choice="auto", max_tokens=64) is None
+    make = constraint_factory(tok, tools=TOOLS, tool_choice="auto", max_tokens=64, constrain_auto=True)
+    assert isinstance(make(), AutoToolConstraint)
+    assert constraint_factory(tok, tools=TOOLS, tool_choice="none", max_tokens=64, constrain_auto=True) is None

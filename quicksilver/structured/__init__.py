@@ -4,6 +4,7 @@
   punctuation) is pinned on the canvas and the model fills bounded value slots whose tokens are masked so
   that every slot can always still be completed to a valid value, whatever order positions are filled in.
 * :func:`json_object_constraint`: any JSON object, grown left to right through a JSON prefix gate.
+* :func:`auto_tool_constraint`: ``tool_choice="auto"``, decide then constrain (opt-in).
 * :func:`parse_tool_calls`: validated calls from a free ("auto") answer, or None.
 * Every constraint has ``validate(text)``; :func:`constrained_text` decodes a finished state and validates.
 """
@@ -15,13 +16,18 @@ from typing import Any
 from quicksilver.structured.constraint import StructuredConstraint, StructuredOutputError
 from quicksilver.structured.free_json import JsonObjectConstraint
 from quicksilver.structured.schema import UnsupportedSchema
-from quicksilver.structured.tools import parse_tool_calls, tool_call_constraint
+from quicksilver.structured.tools import (
+    AutoToolConstraint,
+    auto_tool_constraint,
+    parse_tool_calls,
+    tool_call_constraint,
+)
 from quicksilver.tokenizer import Tokenizer
 
 __all__ = [
-    "JsonObjectConstraint", "StructuredConstraint", "StructuredOutputError", "UnsupportedSchema",
+    "AutoToolConstraint", "JsonObjectConstraint", "StructuredConstraint", "StructuredOutputError", "UnsupportedSchema",
     "compare_pinned_vs_free", "constrained_text", "json_object_constraint", "json_schema_constraint",
-    "parse_tool_calls", "tool_call_constraint",
+    "auto_tool_constraint", "parse_tool_calls", "tool_call_constraint",
 ]
 
 

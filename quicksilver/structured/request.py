@@ -26,6 +26,7 @@ def constraint_factory(
     json_object: bool = False,
     max_tokens: int | None = None,
     builders: Any = None,
+    constrain_auto: bool = False,
 ) -> Callable[[], Any] | None:
     """A callable making one fresh constraint per choice (constraints keep per-state data), or None to decode freely.
 
@@ -36,6 +37,9 @@ def constraint_factory(
     * otherwise None: ``tool_choice`` "auto"/"none" and plain text decode freely (an "auto" answer is parsed
       afterwards with ``parse_tool_calls``).
 
+    ``constrain_auto=True`` (opt-in): ``tool_choice`` "auto" with ``tools`` decides then constrains
+    (``builders.auto_tool_constraint``: a call, if the model starts one, is a valid call; else free text).
+
     The constraint is built once here, so an unsupported schema or a skeleton that cannot fit in ``max_tokens``
     raises ValueError (UnsupportedSchema is one) before anything is queued. ``builders`` is the module with the
     ``*_constraint`` functions (default ``quicksilver.structured``; the server's tests pass a stand-in).
@@ -45,6 +49,12 @@ def constraint_factory(
     if is_forced_tool_choice(tool_choice):
         def make() -> Any:
             return builders.tool_call_constraint(tools, tool_choice, tokenizer, max_tokens=max_tokens)
+    elif constrain_auto and tools and tool_choice in (None, "auto") and json_schema is None and not json_object:
+        if builders.auto_tool_constraint(tools, tokenizer, max_tokens=max_tokens) is None:
+            return None  # no call skeleton can be enforced for these tools: free, as without the option
+
+        def make() -> Any:
+            return builders.auto_tool_constraint(tools, tokenizer, max_tokens=max_tokens)
     elif json_schema is not None:
         def make() -> Any:
             return builders.json_schema_constraint(json_schema, tokenizer, strict=strict, max_tokens=max_tokens)

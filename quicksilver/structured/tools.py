@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import weakref
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
+import torch
 
+from quicksilver.decoding.constraints import Constraint
 from quicksilver.structured.constraint import Plan, StructuredConstraint, StructuredOutputError
 from quicksilver.structured.layout import lay_out
 from quicksilver.structured.lexicon import Lexicon
 from quicksilver.structured.schema import Piece, SchemaCompiler, Slot, UnsupportedSchema, dumps
 from quicksilver.structured.segmentation import natural_pieces
 from quicksilver.tokenizer import TOOL_CALLS, Tokenizer
+
+if TYPE_CHECKING:
+    from quicksilver.decoding.denoise import DecodeState
 
 
 def _functions(tools: list[dict]) -> dict[str, dict]:
@@ -125,6 +131,85 @@ def _plan(names: list[str], args: dict[str, list[Piece]], tokenizer: Tokenizer, 
             affix = (len(pre.encode("utf-8")), len(suf.encode("utf-8")))
             return Plan(head, tails, choice_slot=len(head.slots) - 1, choice_affix=affix)
         alive = [n for n, e in zip(alive, escaped, strict=True) if e in tails]
+
+
+class AutoToolConstraint(Constraint):
+    """``tool_choice="auto"``, decide then constrain: the answer's first token is committed on its own; if it is
+    ``<|tool_calls|>`` the rest is decoded under the tool-call skeleton (a valid call is guaranteed), otherwise
+    the answer is free text in which the marker cannot appear later (so no malformed call either).
+
+    The chat template writes a call as the whole assistant turn (``<|tool_calls|>`` first), so deciding at the
+    first token matches training. Costs at most one forward: the first step commits only that token.
+    """
+
+    def __init__(self, calls: StructuredConstraint, marker: int):
+        self.calls = calls
+        self.marker = marker
+        self._mode: weakref.WeakKeyDictionary[DecodeState, str] = weakref.WeakKeyDictionary()
+
+    @property
+    def lex(self) -> Lexicon:
+        return self.calls.lex
+
+    def pinned_tokens(self, state: DecodeState) -> dict[int, int]:
+        # stop strings could cut a call's JSON: with them, auto stays plain free decoding
+        self._mode[state] = "free" if state.params.stop else "undecided"
+        return {}
+
+    def mask_logits(self, state: DecodeState, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        mode = self._mode[state]
+        if mode == "call":
+            return self.calls.mask_logits(state, positions, logits)
+        if mode == "undecided":  # the marker only at the answer's first position
+            later = positions != state.prompt_len
+            logits[later, self.marker] = float("-inf")
+            return logits
+        if not state.params.stop:
+            logits[:, self.marker] = float("-inf")
+        return logits
+
+    def allow_commits(
+        self, state: DecodeState, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
+    ) -> torch.Tensor:
+        mode = self._mode[state]
+        if mode == "call":
+            return self.calls.allow_commits(state, positions, tokens, keep)
+        if mode == "free":
+            return keep
+        first = positions == state.prompt_len
+        if not bool(first.any()):
+            return torch.zeros_like(keep)
+        out = first & (keep | bool(keep.any()))  # the first position alone (even if the policy picked others)
+        if not bool(out.any()):
+            return out
+        if int(tokens[first][0]) == self.marker:
+            try:
+                self.calls.pinned_tokens(state)  # pins the call skeleton from the answer's start (marker included)
+            except ValueError:  # no call fits this request's canvas: stay free
+                self._mode[state] = "free"
+                return out
+            self._mode[state] = "call"
+            return torch.zeros_like(keep)  # the marker position is pinned now
+        self._mode[state] = "free"
+        return out
+
+    def filler_token_ids(self) -> frozenset[int]:
+        return self.calls.filler_token_ids()
+
+    def finished(self, state: DecodeState) -> bool:
+        return self._mode.get(state) == "call" and self.calls.finished(state)
+
+
+def auto_tool_constraint(
+    tools: list[dict], tokenizer: Tokenizer, max_tokens: int | None = None, layout: str = "lazy"
+) -> AutoToolConstraint | None:
+    """:class:`AutoToolConstraint` over ``tools``, or None (free decoding, as before) when no call skeleton can be
+    enforced for them (unsupported schema, or no call fits in ``max_tokens``): "auto" never refuses a request."""
+    try:
+        calls = tool_call_constraint(tools, "required", tokenizer, max_tokens=max_tokens, layout=layout)
+    except ValueError:  # UnsupportedSchema is one; malformed tools were checked by the caller already
+        return None
+    return AutoToolConstraint(calls, tokenizer.token_id(TOOL_CALLS))
 
 
 def _union(a, b):
