@@ -26,7 +26,7 @@ Layouts (``layout=``):
   (``"age": 52, "city"`` rather than ``"age": 52<pad><pad>..., "city"``), at the price of values being
   written left to right (pinned text still costs no forward).
 * ``"fixed"``: the whole skeleton is pinned up front and each value slot has a fixed width padded with the
-  filler (fastest for a bidirectional model, which then also sees the keys after a value).
+  filler (slots are filled in any order, and a model that attends ahead sees the keys after a value).
 
 Slots meet the pinned text where the tokenizer cuts the canonical text (``segmentation.py``).
 """
