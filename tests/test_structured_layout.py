@@ -207,12 +207,13 @@ def test_auto_tool_choice_decides_then_constrains():
     assert auto_tool_constraint(TOOLS, tok, max_tokens=4) is None
 
 
-def test_constraint_factory_auto_is_opt_in():
+def test_constraint_factory_constrains_auto_by_default():
     from quicksilver.structured.request import constraint_factory
     from quicksilver.structured.tools import AutoToolConstraint
 
     tok = tiny_tokenizer()
-    assert constraint_factory(tok, tools=TOOLS, tool_choice="auto", max_tokens=64) is None
-    make = constraint_factory(tok, tools=TOOLS, tool_choice="auto", max_tokens=64, constrain_auto=True)
-    assert isinstance(make(), AutoToolConstraint)
-    assert constraint_factory(tok, tools=TOOLS, tool_choice="none", max_tokens=64, constrain_auto=True) is None
+    for choice in ("auto", None):  # an unset tool_choice with tools means "auto", as in OpenAI's API
+        make = constraint_factory(tok, tools=TOOLS, tool_choice=choice, max_tokens=64)
+        assert isinstance(make(), AutoToolConstraint)
+    assert constraint_factory(tok, tools=TOOLS, tool_choice="auto", max_tokens=64, constrain_auto=False) is None
+    assert constraint_factory(tok, tools=TOOLS, tool_choice="none", max_tokens=64) is None

@@ -26,7 +26,7 @@ def constraint_factory(
     json_object: bool = False,
     max_tokens: int | None = None,
     builders: Any = None,
-    constrain_auto: bool = False,
+    constrain_auto: bool = True,
 ) -> Callable[[], Any] | None:
     """A callable making one fresh constraint per choice (constraints keep per-state data), or None to decode freely.
 
@@ -34,11 +34,10 @@ def constraint_factory(
       (the server ignores ``response_format`` then, so ``json_schema``/``json_object`` should be unset);
     * otherwise ``json_schema`` pins that schema's skeleton (``strict`` as in ``response_format.json_schema``);
     * otherwise ``json_object`` grows any JSON object;
-    * otherwise None: ``tool_choice`` "auto"/"none" and plain text decode freely (an "auto" answer is parsed
-      afterwards with ``parse_tool_calls``).
-
-    ``constrain_auto=True`` (opt-in): ``tool_choice`` "auto" with ``tools`` decides then constrains
-    (``builders.auto_tool_constraint``: a call, if the model starts one, is a valid call; else free text).
+    * ``tool_choice`` "auto" (or unset) with ``tools`` decides then constrains (``builders.auto_tool_constraint``):
+      the first answer token alone, then, if it is ``<|tool_calls|>``, a valid call; else free text. This is what
+      makes tool calls always valid in auto mode. ``constrain_auto=False`` decodes auto freely instead;
+    * otherwise None: ``tool_choice`` "none" and plain text decode freely.
 
     The constraint is built once here, so an unsupported schema or a skeleton that cannot fit in ``max_tokens``
     raises ValueError (UnsupportedSchema is one) before anything is queued. ``builders`` is the module with the
