@@ -142,3 +142,22 @@ def test_concurrency_level_keeps_the_engine_full_and_reports_the_sustained_rate(
     assert 0 < level["sustained_window_s"] <= level["wall_s"]
     assert level["sustained_tokens_per_second"] > 0
     assert 1 < level["mean_batch"] <= 3  # the clients' requests shared forwards
+
+
+@pytest.mark.parametrize(("mode", "model_kw", "params_kw"), [
+    ("block_causal", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}, {}),
+    ("block_causal", {}, {"remask_threshold": 0.3, "block_size": 4}),
+    ("bidirectional", {}, {"cache": "dual", "lookahead": 8}),
+    ("bidirectional", {}, {"cache": "prefix"}),
+    ("causal", {}, {}),
+])
+def test_packed_steps_give_every_cache_mode_its_lone_tokens(mode, model_kw, params_kw):
+    tok = tiny_tokenizer()
+    dec = Decoder(tiny_model(mode, dtype=torch.bfloat16, **model_kw), tok)
+    params = SamplingParams(max_tokens=10, ignore_eos=True, **params_kw)
+    prompts = ["hello there", "def add(a, b):", "The quick brown fox"]
+    alone = [dec.generate(p, params).token_ids for p in prompts]
+    states = [dec.start(tok.encode(p), params) for p in prompts]
+    while not all(s.finished for s in states):
+        dec.step(states)
+    assert [s.answer_ids for s in states] == alone
