@@ -34,10 +34,10 @@ def _sample(engine, name: str) -> float:
 
 
 async def _level(loaded: LoadedModel, params: SamplingParams, prompts: Sequence[Prompt], clients: int,
-                 requests: int, batch_invariant: bool) -> dict:
+                 requests: int) -> dict:
     from quicksilver.engine import Engine
 
-    engine = Engine(loaded, max_batch=clients, max_queue=clients, batch_invariant=batch_invariant)
+    engine = Engine(loaded, max_batch=clients, max_queue=clients)
     await engine.start()
     pool = deque(prompts[i % len(prompts)] for i in range(requests))
     latencies: list[float] = []
@@ -90,7 +90,6 @@ def concurrency_sweep(
     prompts: Sequence[Prompt],
     levels: Sequence[int],
     requests_per_level: int,
-    batch_invariant: bool = True,
     min_requests_per_client: int = 3,
 ) -> list[dict]:
     """One engine per level; each level serves ``requests_per_level`` requests but at least
@@ -99,7 +98,7 @@ def concurrency_sweep(
     out = []
     for n in levels:
         requests = max(requests_per_level, n * max(1, min_requests_per_client))
-        out.append(asyncio.run(_level(loaded, params, prompts, n, requests, batch_invariant)))
+        out.append(asyncio.run(_level(loaded, params, prompts, n, requests)))
     return out
 
 

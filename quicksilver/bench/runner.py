@@ -37,7 +37,6 @@ class BenchOptions:
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
     requests_per_level: int = 16
     concurrency_ar: bool = True
-    batch_invariant: bool = True  # the engine's default: math attention kernel, same tokens alone or batched
     structured: bool = True
     forward_reps: int = 20
     quick: bool = False
@@ -113,9 +112,15 @@ def targets(results: dict) -> list[dict]:
     one = next((c for c in conc if c["concurrency"] == 1), None)
     top = max(conc, key=lambda c: c["concurrency"]) if conc else None
     if one and top and top["concurrency"] > 1:
+        # judged on the whole level (drain included: the stricter figure); the rate while all N clients were
+        # busy is printed beside it
         r = top["aggregate_tokens_per_second"] / max(one["aggregate_tokens_per_second"], 1e-9)
+        measured = f"{r:.2f}x"
+        if top.get("sustained_tokens_per_second") and one.get("sustained_tokens_per_second"):
+            rs = top["sustained_tokens_per_second"] / max(one["sustained_tokens_per_second"], 1e-9)
+            measured += f" (while all {top['concurrency']} busy: {rs:.2f}x)"
         out.append({"target": f"{top['concurrency']} streams aggregate >= 4x single stream",
-                    "measured": f"{r:.2f}x", "met": r >= 4})
+                    "measured": measured, "met": r >= 4})
     return out
 
 
@@ -237,7 +242,7 @@ def run_bench(opts: BenchOptions) -> dict:
             _log(f"concurrency {opts.concurrency} for {kind} [{v}]")
             results["concurrency"][kind] = concurrency_sweep(
                 with_model(ld, decoders[(kind, v)].model), _base_params(ld, opts), ps, opts.concurrency,
-                opts.requests_per_level, batch_invariant=opts.batch_invariant)
+                opts.requests_per_level)
 
     # 5. structured output: pinned skeleton vs free generation
     if opts.structured:

@@ -32,8 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-sweep", action="store_true", help="skip the policy/threshold/block-size sweep")
     p.add_argument("--no-ar-concurrency", action="store_true",
                    help="run the concurrency sweep on the diffusion model only")
-    p.add_argument("--no-batch-invariant", action="store_true",
-                   help="let the engine use the fused attention kernel (faster; batched tokens may differ slightly)")
     p.add_argument("--no-structured", action="store_true", help="skip the pinned-vs-free JSON comparison")
     p.add_argument("--speed-only", type=int, metavar="K",
                    help="for weights that cannot answer yet: decode every budget in full (EOS ignored), the "
@@ -70,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency or ([1, 4] if quick else [1, 4, 16, 32]),
         requests_per_level=args.requests_per_level or (4 if quick else 16),
         concurrency_ar=not args.no_ar_concurrency,
-        batch_invariant=not args.no_batch_invariant,
         structured=not args.no_structured,
         forward_reps=3 if quick else 20,
         quick=quick,

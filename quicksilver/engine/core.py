@@ -114,9 +114,8 @@ def streamable_len(state: DecodeState) -> int:
 class Engine:
     """Continuous-batching engine around one loaded model.
 
-    ``batch_invariant`` is accepted for existing callers and changes nothing: packed steps are batch-invariant
-    with every attention kernel, so there is no faster non-invariant mode left to choose (it used to pick the
-    slow "math" attention kernel for padded batches).
+    Steps are packed (``Decoder.step``): a request gets bit-identical numbers batched or alone, with any attention
+    kernel, so there is no batch-invariance switch.
     """
 
     def __init__(
@@ -124,7 +123,6 @@ class Engine:
         loaded: LoadedModel,
         max_batch: int = 32,
         max_queue: int = 256,
-        batch_invariant: bool = True,
         metrics: EngineMetrics | None = None,
     ):
         if max_batch < 1:
@@ -135,7 +133,6 @@ class Engine:
         self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.defaults)
         self.max_batch = max_batch
         self.max_queue = max_queue
-        self.batch_invariant = batch_invariant
         self.metrics = metrics or EngineMetrics()
         self.waiting: deque[RequestHandle] = deque()
         self.running: list[RequestHandle] = []
