@@ -73,6 +73,23 @@ def test_unknown_tools_and_missing_settings_are_user_errors():
 
 
 # --------------------------------------------------------------------------------------------- scripted endpoint
+def _scripted_reply(body: dict) -> dict:
+    """First ask for the calculator, then answer with the observation."""
+    last = body["messages"][-1]
+    if last["role"] == "user":
+        message = {"role": "assistant", "content": "I will multiply.", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "calculator", "arguments": json.dumps({"expression": "17*23"})}}]}
+        finish = "tool_calls"
+    else:
+        message = {"role": "assistant", "content": f"17*23 = {last['content']}"}
+        finish = "stop"
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            "diffusion_stats": [{"forwards": 5, "tokens": 9}]}
+
+
 def scripted_app(calls: list[dict]) -> FastAPI:
     """An OpenAI-compatible endpoint that first asks for the calculator, then answers with the observation."""
     app = FastAPI()
@@ -85,19 +102,7 @@ def scripted_app(calls: list[dict]) -> FastAPI:
     async def chat(request: Request):
         body = await request.json()
         calls.append(body)
-        last = body["messages"][-1]
-        if last["role"] == "user":
-            message = {"role": "assistant", "content": "I will multiply.", "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": "calculator", "arguments": json.dumps({"expression": "17*23"})}}]}
-            finish = "tool_calls"
-        else:
-            message = {"role": "assistant", "content": f"17*23 = {last['content']}"}
-            finish = "stop"
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                "diffusion_stats": [{"forwards": 5, "tokens": 9}]}
+        return _scripted_reply(body)
 
     return app
 
@@ -125,6 +130,44 @@ def test_step_limit_stops_the_loop():
         client = OpenAI(base_url=url, api_key="x", max_retries=0)
         result = run_agent(client, "scripted", "task", build_tools(["calculator"]), max_steps=1)
     assert result.stopped_because == "step_limit" and result.answer is None and len(calls) == 1
+
+
+def _context_limit_app(calls: list[dict], message: str) -> FastAPI:
+    """Asks for the calculator once, then answers every later request with a 400 error envelope."""
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        calls.append(body)
+        if len(calls) > 1:
+            return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
+                                           "param": "messages", "code": None}}, status_code=400)
+        return _scripted_reply(body)
+
+    return app
+
+
+def test_context_overflow_ends_the_episode_and_keeps_its_steps():
+    calls: list[dict] = []
+    msg = "This model's maximum context length is 2048 tokens. However, you requested 2054 tokens."
+    with serve_in_thread(_context_limit_app(calls, msg)) as url:
+        client = OpenAI(base_url=url, api_key="x", max_retries=0)
+        result = run_agent(client, "scripted", "What is 17*23?", build_tools(["calculator"]), max_steps=4)
+    assert result.stopped_because == "context_full" and result.answer is None
+    assert len(result.steps) == 1 and result.steps[0].tool_calls[0].observation == "391" and len(calls) == 2
+
+
+def test_other_api_errors_still_raise():
+    import openai
+
+    calls: list[dict] = []
+    with serve_in_thread(_context_limit_app(calls, "unknown field 'foo'")) as url:
+        client = OpenAI(base_url=url, api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError):
+            run_agent(client, "scripted", "What is 17*23?", build_tools(["calculator"]), max_steps=4)
 
 
 def test_retry_loop_is_stopped():

@@ -47,7 +47,7 @@ class AgentStep:
 class AgentResult:
     task: str
     answer: str | None
-    stopped_because: str  # answer | step_limit | repeated_calls
+    stopped_because: str  # answer | step_limit | repeated_calls | context_full
     steps: list[AgentStep] = field(default_factory=list)
     total_seconds: float = 0.0
     sources: list[dict] = field(default_factory=list)
@@ -113,7 +113,13 @@ def run_agent(
         if temperature is not None:
             request["temperature"] = temperature
         t0 = time.perf_counter()
-        response = client.chat.completions.create(**request)
+        try:
+            response = client.chat.completions.create(**request)
+        except Exception as exc:  # the conversation outgrew the model's context: end the episode, keep its steps
+            if getattr(exc, "status_code", None) != 400 or "context length" not in str(exc):
+                raise
+            result.stopped_because = "context_full"
+            break
         model_seconds = time.perf_counter() - t0
         choice = response.choices[0]
         message = choice.message
