@@ -127,3 +127,16 @@ def test_prepare_corpus_caps_sources_and_records_absent_ones(tmp_path, monkeypat
     assert manifest["sources"]["missing"]["available"] is False
     assert corpus_mod.load_corpus(tmp_path) == {"present": ["x" * 100] * 10}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_stats_command_measures_a_recipes_mixture(fake_corpus, task_tok, tmp_path, capsys):
+    from quicksilver.cli import main
+
+    task_tok.save(tmp_path / "tok")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\nobjective: ar\nmodel: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2,"
+                      " num_key_value_heads: 1, intermediate_size: 64}\ndata: {mix: {sudoku: 1.0}}\n")
+    assert main(["data", "stats", "--tokenizer", str(tmp_path / "tok"), "--samples", "12",
+                 "--recipe", str(recipe), "--json", str(tmp_path / "s.json")]) == 0
+    stream = json.loads((tmp_path / "s.json").read_text())["stream"]
+    assert stream["mixture"] == {"sudoku": 1.0} and set(stream["per_source"]) == {"sudoku"}

@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     stats.add_argument("--tokenizer", required=True, help="tokenizer folder (a model folder works)")
     stats.add_argument("--samples", type=int, default=2000, help="stream samples to measure")
     stats.add_argument("--seed", type=int, default=0)
+    stats.add_argument("--recipe", help="measure the mixture of this training recipe (default: the package's)")
     stats.add_argument("--json", dest="json_out", help="write to this file (default: stdout)")
     p.set_defaults(func=run)
 
@@ -56,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
         return _show(args, tokenizer)
     from quicksilver.data.stats import data_card
 
-    card = data_card(tokenizer, seed=args.seed, n=args.samples)
+    mix = None
+    if args.recipe:
+        from quicksilver.train.recipe import Recipe
+
+        mix = Recipe.load(args.recipe).data.mix
+    card = data_card(tokenizer, seed=args.seed, n=args.samples, mix=mix)
     text = json.dumps(card, indent=2)
     if args.json_out:
         with open(args.json_out, "w") as f:

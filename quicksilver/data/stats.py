@@ -70,13 +70,15 @@ def stream_stats(tokenizer: Tokenizer, seed: int = 0, n: int = 2000, mix: dict[s
     }
 
 
-def data_card(tokenizer: Tokenizer, seed: int = 0, n: int = 2000) -> dict[str, Any]:
+def data_card(
+    tokenizer: Tokenizer, seed: int = 0, n: int = 2000, mix: dict[str, float] | None = None
+) -> dict[str, Any]:
     """Everything the model card needs about the data, in one JSON-able dict."""
     from quicksilver.tasks import TASKS
 
     return {
         "corpus": corpus_stats(tokenizer),
-        "stream": stream_stats(tokenizer, seed, n),
+        "stream": stream_stats(tokenizer, seed, n, mix),
         "tasks": {name: task.description for name, task in TASKS.items()},
         "tokenizer_vocab_size": tokenizer.vocab_size,
     }
