@@ -93,3 +93,58 @@ def test_config_of_a_trained_model_ends_answers_at_rainbow_pads():
     assert set(cfg.end_token_ids) >= {tok.token_id(p) for p in RAINBOW_PADS} | {tok.eos_id}
     ar = model_config(toy_recipe("ar"), tok)
     assert ar.attention_mode == "causal" and ar.token_shift
+
+
+def shifted_block_recipe(**train_overrides) -> Recipe:
+    from quicksilver.train.synthetic import TOY_RECIPE
+
+    return Recipe.from_dict({**TOY_RECIPE, "objective": "block", "model": {**TOY_RECIPE["model"], "token_shift": True},
+                             "train": {**TOY_RECIPE["train"], **train_overrides}})
+
+
+@pytest.mark.parametrize("offset", [0, 3])  # the first masked token at a block start, and inside a block
+def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int):
+    """With token shift, the row that training scores for a masked token is the decoder's row for it: the same
+    clean earlier blocks, the same partly masked current block, hidden i - 1 predicting token i."""
+    from quicksilver.train.objectives import block_prediction_rows
+
+    tok = tiny_tokenizer()
+    recipe = shifted_block_recipe()
+    cfg = model_config(recipe, tok)
+    assert cfg.attention_mode == "block_causal" and cfg.token_shift
+    model = build_model(cfg, 0).eval()
+    packer = RowPacker(lambda s: toy_stream(tok, 5, s), 0, 64, 1, tok.eos_id, list(cfg.stop_token_ids), tok.pad_id,
+                       cfg.block_size)
+    batch = packer.next_batch()
+    seg = int((batch.doc[0] == 0).sum())
+    bs = cfg.block_size
+    q = bs * 2 + offset  # mask q .. end of its block
+    assert seg >= bs * 3
+    masked = torch.zeros_like(batch.ids, dtype=torch.bool)
+    masked[0, q:bs * 3] = True
+    masked[0, bs:bs + 3] = True  # noise in the previous block must not reach a block start's prediction
+    noisy = batch.ids.masked_fill(masked, cfg.mask_token_id)
+    with torch.no_grad():
+        trained = model.logits(block_prediction_rows(model, batch, noisy)[0, q:q + 1])
+        # the decoder's canvas: finished blocks clean, then the current block with its masks
+        ids = torch.cat([batch.ids[0, :bs * 2], noisy[0, bs * 2:bs * 3]]).unsqueeze(0)
+        hidden, _ = model(ids, torch.arange(ids.shape[1])[None], mask="auto")
+        decoded = model.logits(hidden[0, q - 1:q])
+    assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
+
+
+def test_shifted_block_objective_lowers_held_out_loss(tmp_path: Path):
+    recipe = shifted_block_recipe()
+    cfg = model_config(recipe, tiny_tokenizer())
+    before = held_out_loss(build_model(cfg, recipe.train.seed), "block", recipe)
+    result = train(recipe, TrainOptions(run_dir=tmp_path, progress=False, export=False))
+    assert result.model.config.token_shift
+    assert held_out_loss(result.model, "block", recipe) < 0.8 * before
+
+
+def test_token_shift_is_only_for_the_block_objective():
+    from quicksilver.train.synthetic import TOY_RECIPE
+
+    bad = Recipe.from_dict({**TOY_RECIPE, "objective": "mdlm", "model": {**TOY_RECIPE["model"], "token_shift": True}})
+    with pytest.raises(ValueError, match="token_shift"):
+        model_config(bad, tiny_tokenizer())

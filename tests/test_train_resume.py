@@ -87,3 +87,20 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys, argv: list[str], messag
     assert main([a.format(dir=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_init_from_another_objective_starts_a_new_schedule_from_its_weights(tmp_path: Path):
+    """AR -> block diffusion (token shift): the weights carry over; step, schedule and counts start at 0."""
+    ar = train(toy_recipe("ar", max_steps=5), TrainOptions(run_dir=tmp_path / "ar", progress=False))
+    shifted = Recipe.from_dict({**TOY, "model": {**TOY["model"], "token_shift": True},
+                                "train": {**TOY["train"], "max_steps": 3}})
+    adapted = train(shifted, TrainOptions(run_dir=tmp_path / "b", init_from=ar.export_dir, progress=False))
+    assert adapted.step == 3 and len(adapted.losses) == 3
+    assert adapted.model.config.attention_mode == "block_causal" and adapted.model.config.token_shift
+    log = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3] and log[-1]["tokens_seen"] == 3 * 4 * 64
+    # the shapes must still match
+    bigger = Recipe.from_dict({**shifted.model_dump(mode="json"), "model": {**TOY["model"], "hidden_size": 32,
+                                                                             "token_shift": True}})
+    with pytest.raises(ValueError, match="does not match"):
+        train(bigger, TrainOptions(run_dir=tmp_path / "c", init_from=ar.export_dir, progress=False))

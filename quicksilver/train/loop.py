@@ -61,12 +61,14 @@ class TrainResult:
 
 def model_config(recipe: Recipe, tok: Tokenizer) -> ModelConfig:
     mode = MODE_OF_OBJECTIVE[recipe.objective]
+    if recipe.model.token_shift and recipe.objective != "block":
+        raise ValueError("model.token_shift is for the block objective (the ar objective always shifts)")
     pads = [i for i in (tok.token_id(t) for t in RAINBOW_PADS) if i is not None]
     return ModelConfig(
-        vocab_size=tok.vocab_size, attention_mode=mode, token_shift=mode == "causal",
+        vocab_size=tok.vocab_size, attention_mode=mode, token_shift=mode == "causal" or recipe.model.token_shift,
         mask_token_id=tok.mask_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
         stop_token_ids=pads,  # a committed rainbow pad also means "the answer is over"
-        **recipe.model.model_dump(),
+        **recipe.model.model_dump(exclude={"token_shift"}),
     )
 
 
@@ -204,6 +206,9 @@ class _Reporter:
 
 # -- the loop -------------------------------------------------------------------------------------------
 
+_NOT_WEIGHTS = {"torch_dtype": None, "attention_mode": None}
+
+
 def _check_same_run(saved: dict[str, Any], recipe: Recipe, source: str) -> None:
     for part in ("objective", "model", "data"):
         if saved.get(part) != recipe.model_dump(mode="json")[part]:
@@ -264,16 +269,18 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         train_seconds, positions = ckpt["train_seconds"], ckpt["data_positions"]
     elif opts.init_from is not None:
         loaded = load_pretrained(opts.init_from, dtype=torch.float32)
-        if loaded.model.config.to_dict() | {"torch_dtype": None} != cfg.to_dict() | {"torch_dtype": None}:
+        # the attention mode is only a mask rule, so weights move between objectives (e.g. AR -> block diffusion)
+        if loaded.model.config.to_dict() | _NOT_WEIGHTS != cfg.to_dict() | _NOT_WEIGHTS:
             raise ValueError(f"{opts.init_from}: its config does not match the recipe's model")
         model.load_state_dict(loaded.model.state_dict())
         state_path = opts.init_from / TRAINING_STATE
         if state_path.is_file():
             state = json.loads(state_path.read_text())
-            step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
-            samples_seen, train_seconds = int(state["samples_seen"]), float(state["train_seconds"])
             saved = list(state["data_positions"])
-            positions = [saved[r] if r < len(saved) else 0 for r in range(world.size)]
+            positions = [saved[r] if r < len(saved) else 0 for r in range(world.size)]  # unseen data either way
+            if state.get("objective") == recipe.objective:  # the same run continued: its step, schedule, counts
+                step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
+                samples_seen, train_seconds = int(state["samples_seen"]), float(state["train_seconds"])
         if step >= total:
             raise ValueError(f"{opts.init_from} was trained for {step} steps already; pass --max-steps > {step}")
     ddp.broadcast_parameters(model, world)

@@ -6,7 +6,8 @@
             in one forward over ``[x_t || x_0]`` (2L tokens, positions duplicated). Noisy block b sees
             itself (noisy) and the clean blocks < b; the clean stream is block-causal on itself. That is
             exactly what the decoder shows the model: an exact cache of clean earlier blocks plus the
-            current, partly masked block.
+            current, partly masked block. With ``token_shift`` (set in the recipe's model) hidden i predicts
+            token i + 1, so a block-diffusion model can start from an AR model's weights (Fast-dLLM v2 / SDAR).
 * ``ar``    next-token cross-entropy for the causal twin (token_shift: hidden i predicts token i+1).
 
 Losses are divided by the number of answer tokens (not masked tokens), which makes the diffusion loss
@@ -98,6 +99,24 @@ def block_diffusion_mask(batch: Batch, block_size: int) -> torch.Tensor:
     return torch.cat([top, bottom], dim=-2).unsqueeze(1)
 
 
+def block_prediction_rows(model: Transformer, batch: Batch, noisy: torch.Tensor) -> torch.Tensor:
+    """[B, L, d] hidden rows that predict each token of ``batch`` given the noisy stream ``noisy``.
+
+    One forward over ``[x_t || x_0]``. Without token shift row i predicts token i. With it, hidden i - 1 predicts
+    token i: inside a block from the noisy stream; at a block start from the clean stream, whose previous block is
+    finished, exactly as the decoder computes it (the last committed token's row)."""
+    bs = model.config.block_size
+    L = batch.ids.shape[1]
+    ids = torch.cat([noisy, batch.ids], dim=1)
+    positions = torch.cat([batch.positions, batch.positions], dim=1)
+    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs))
+    if not model.config.token_shift:
+        return hidden[:, :L]
+    idx = torch.arange(L).expand_as(batch.positions)
+    src = torch.where(batch.positions % bs == 0, L + idx - 1, idx - 1).clamp_min(0)
+    return hidden.gather(1, src.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+
+
 def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
     bs = model.config.block_size
     weight = _region_weight(batch, s.pad_weight)
@@ -106,11 +125,10 @@ def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Ge
     key = batch.doc * blocks_per_doc + torch.div(batch.positions, bs, rounding_mode="floor")
     t = _noise_levels(key, int(key.max()) + 1, s, gen)
     masked = (torch.rand(batch.ids.shape, generator=gen) < t) & (weight > 0)
+    if model.config.token_shift:
+        masked &= batch.positions > 0  # a segment's first token has nothing before it to be predicted from
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
-    ids = torch.cat([noisy, batch.ids], dim=1)
-    positions = torch.cat([batch.positions, batch.positions], dim=1)
-    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs))
-    return _masked_loss(model, hidden[:, :L], batch.ids, masked, t, weight, s)
+    return _masked_loss(model, block_prediction_rows(model, batch, noisy), batch.ids, masked, t, weight, s)
 
 
 def ar_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:

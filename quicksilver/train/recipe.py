@@ -14,7 +14,8 @@ class _Strict(BaseModel):
 
 
 class ModelSpec(_Strict):
-    """Architecture; vocab size, special ids, attention mode and token shift come from tokenizer/objective."""
+    """Architecture; vocab size, special ids and attention mode come from tokenizer/objective (token shift too,
+    except that the block objective may opt in)."""
 
     hidden_size: int = Field(256, gt=0)
     num_hidden_layers: int = Field(4, gt=0)
@@ -26,6 +27,9 @@ class ModelSpec(_Strict):
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
     qk_norm: bool = False
+    # block objective only: hidden i predicts token i + 1, as in an AR model (Fast-dLLM v2 / SDAR style), so a
+    # block-diffusion model can start from an AR model's weights and keep its output alignment
+    token_shift: bool = False
 
 
 class DataSpec(_Strict):
