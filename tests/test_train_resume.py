@@ -99,6 +99,8 @@ def test_init_from_another_objective_starts_a_new_schedule_from_its_weights(tmp_
     assert adapted.model.config.attention_mode == "block_causal" and adapted.model.config.token_shift
     log = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3] and log[-1]["tokens_seen"] == 3 * 4 * 64
+    state = json.loads((adapted.export_dir / "training_state.json").read_text())
+    assert state["step"] == 3 and state["warm_start"]["objective"] == "ar" and state["warm_start"]["step"] == 5
     # the shapes must still match
     bigger = Recipe.from_dict({**shifted.model_dump(mode="json"), "model": {**TOY["model"], "hidden_size": 32,
                                                                              "token_shift": True}})

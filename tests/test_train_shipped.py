@@ -33,6 +33,11 @@ def test_twins_share_size_tokenizer_and_training_budget():
     states = [json.loads((MODELS_DIR / n / "training_state.json").read_text()) for n in ("default", "ar-twin")]
     assert states[0]["objective"] == "block" and states[1]["objective"] == "ar"
     assert all(s["step"] > 0 and s["tokens_seen"] > 0 for s in states)
+    # same budget: the diffusion model's steps (plus those of the AR weights it started from, if any) = the twin's
+    warm = states[0].get("warm_start") or {"step": 0, "tokens_seen": 0}
+    assert states[0]["step"] + warm["step"] == states[1]["step"]
+    assert states[0]["tokens_seen"] + warm["tokens_seen"] == states[1]["tokens_seen"]
+    assert states[0]["data_positions"] == states[1]["data_positions"]  # and the same rows
 
 
 def test_default_decodes_several_tokens_per_forward_when_confident():

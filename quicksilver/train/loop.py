@@ -119,6 +119,8 @@ def export_model(model: Transformer, tok: Tokenizer, recipe: Recipe, folder: Pat
     save_pretrained(folder, model, tok, generation_defaults(recipe, model.config), dtype=torch.bfloat16)
     info = {k: state[k] for k in ("step", "tokens_seen", "samples_seen", "train_seconds", "data_positions")}
     info.update(objective=recipe.objective, max_steps=state["max_steps"], recipe=recipe.model_dump(mode="json"))
+    if state.get("warm_start"):
+        info["warm_start"] = state["warm_start"]
     (folder / TRAINING_STATE).write_text(json.dumps(info, indent=2) + "\n")
     return folder
 
@@ -254,6 +256,7 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     gen = torch.Generator().manual_seed(tr.seed * 1000 + world.rank)
     step, tokens_seen, samples_seen, train_seconds = 0, 0, 0, 0.0
     positions = [0] * world.size
+    warm_start: dict[str, Any] | None = None  # the run whose weights an --init-from of another objective took
 
     if resume_path is not None:
         ckpt = load_checkpoint(resume_path)
@@ -267,6 +270,7 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         torch.set_rng_state(ckpt["torch_rng"])
         step, tokens_seen, samples_seen = ckpt["step"], ckpt["tokens_seen"], ckpt["samples_seen"]
         train_seconds, positions = ckpt["train_seconds"], ckpt["data_positions"]
+        warm_start = ckpt.get("warm_start")
     elif opts.init_from is not None:
         loaded = load_pretrained(opts.init_from, dtype=torch.float32)
         # the attention mode is only a mask rule, so weights move between objectives (e.g. AR -> block diffusion)
@@ -281,6 +285,10 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
             if state.get("objective") == recipe.objective:  # the same run continued: its step, schedule, counts
                 step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
                 samples_seen, train_seconds = int(state["samples_seen"]), float(state["train_seconds"])
+                warm_start = state.get("warm_start")
+            else:  # a new run on another objective: record what its weights already cost
+                warm_start = {k: state.get(k) for k in ("objective", "step", "tokens_seen", "samples_seen",
+                                                         "train_seconds", "warm_start")}
         if step >= total:
             raise ValueError(f"{opts.init_from} was trained for {step} steps already; pass --max-steps > {step}")
     ddp.broadcast_parameters(model, world)
@@ -309,7 +317,7 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
             "model_config": cfg.to_dict(), "recipe": recipe.model_dump(mode="json"),
             "data_positions": all_positions, "noise_rng": noise_states, "torch_rng": torch.get_rng_state(),
             "tokens_seen": tokens_seen, "samples_seen": samples_seen,
-            "train_seconds": train_seconds + time.time() - session_start,
+            "train_seconds": train_seconds + time.time() - session_start, "warm_start": warm_start,
         }
 
     def save() -> None:
