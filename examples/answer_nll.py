@@ -4,9 +4,10 @@ Accuracy says whether a whole answer came out right; this says how far a model i
 with no decoding policy in the way. Both kinds of model are scored on the same left-to-right conditional,
 p(answer token j | prompt, answer tokens < j):
 
-* a causal model (``token_shift``): one forward over prompt + answer;
+* a causal model: one forward over prompt + answer;
 * a diffusion model: one forward per answer token, with token j and the rest of its block masked and later
-  blocks absent, exactly what a one-token-per-step left-to-right decode shows it.
+  blocks absent, exactly what a one-token-per-step left-to-right decode shows it (with token shift the row
+  before it predicts it).
 
     python examples/answer_nll.py --models default ar-twin [--tasks code,tool_call] [--n 10]
 """
@@ -27,7 +28,7 @@ from quicksilver.tasks import TASKS, render
 def answer_nll(model, prompt_ids: list[int], answer_ids: list[int]) -> float:
     """Mean NLL (nats/token) of ``answer_ids`` after ``prompt_ids``, left to right."""
     cfg = model.config
-    if cfg.token_shift:
+    if cfg.attention_mode == "causal":
         ids = torch.tensor([prompt_ids + answer_ids])
         hidden, _ = model(ids, torch.arange(ids.shape[1])[None], mask="auto")
         rows = hidden[0, len(prompt_ids) - 1: ids.shape[1] - 1]  # hidden i predicts token i + 1
@@ -41,7 +42,8 @@ def answer_nll(model, prompt_ids: list[int], answer_ids: list[int]) -> float:
             len(prompt_ids) + len(answer_ids)
         ids = torch.tensor([prompt_ids + answer_ids[:j] + [cfg.mask_token_id] * (end - q)])
         hidden, _ = model(ids, torch.arange(ids.shape[1])[None], mask="auto")
-        total -= torch.log_softmax(model.logits(hidden[0, q:q + 1]).float(), -1)[0, target].item()
+        row = q - int(cfg.token_shift)  # with token shift, hidden q - 1 predicts token q
+        total -= torch.log_softmax(model.logits(hidden[0, row:row + 1]).float(), -1)[0, target].item()
     return total / len(answer_ids)
 
 
