@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from quicksilver.checkpoint import save_pretrained
@@ -49,3 +52,22 @@ def save_tiny_model(folder: str | Path, mode: str = "block_causal", seed: int = 
     """Write a tiny random model folder (bf16) in Quicksilver layout; returns the folder."""
     model = tiny_model(mode, seed, **overrides)
     return save_pretrained(folder, model, tiny_tokenizer(), SamplingParams(max_tokens=32))
+
+
+class HashEmbedder:
+    """Fast stand-in for MiniLM in index/RAG tests: hashed bag of words, L2-normalised (word overlap = similarity,
+    no model to load)."""
+
+    name = "test-hash"
+    dim = 64
+
+    def embed(self, texts):
+        single = isinstance(texts, str)
+        rows = []
+        for t in [texts] if single else texts:
+            v = np.zeros(self.dim, np.float32)
+            for w in re.findall(r"\w+", t.lower()):
+                v[zlib.crc32(w.encode()) % self.dim] += 1
+            rows.append(v / (np.linalg.norm(v) or 1))
+        out = np.stack(rows) if rows else np.zeros((0, self.dim), np.float32)
+        return out[0] if single else out

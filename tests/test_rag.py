@@ -4,40 +4,20 @@ and the index/ask CLI."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import textwrap
-import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from quicksilver.cli import main as cli
 from quicksilver.rag import Index, IndexStoreError, ReaderError, chunk_text, read_document
 from quicksilver.rag.chat import augment_messages, run_search_tool
 from quicksilver.rag.readers import html_to_text
+from quicksilver.testing import HashEmbedder
 
 DOCS = Path(__file__).parent / "data" / "docs"
-
-
-class HashEmbedder:
-    """Fast stand-in for MiniLM in store tests: hashed bag of words, L2-normalised (word overlap = similarity)."""
-
-    name = "test-hash"
-    dim = 64
-
-    def embed(self, texts):
-        single = isinstance(texts, str)
-        rows = []
-        for t in [texts] if single else texts:
-            v = np.zeros(self.dim, np.float32)
-            for w in re.findall(r"\w+", t.lower()):
-                v[zlib.crc32(w.encode()) % self.dim] += 1
-            rows.append(v / (np.linalg.norm(v) or 1))
-        out = np.stack(rows) if rows else np.zeros((0, self.dim), np.float32)
-        return out[0] if single else out
 
 
 # --------------------------------------------------------------------------------------------- chunking
@@ -156,9 +136,8 @@ def test_search_errors_and_wrong_embedder(tmp_path, folder):
 
 
 CRASH_SCRIPT = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, {tests!r})
-    from test_rag import HashEmbedder
+    import os
+    from quicksilver.testing import HashEmbedder
     from quicksilver.rag.store import Index
 
     index = Index({path!r}, embedder=HashEmbedder())
@@ -180,7 +159,7 @@ def test_crash_mid_ingest_leaves_index_consistent(tmp_path, folder):
         index.add_paths([folder])
         before = {d.path: d.n_chunks for d in index.documents()}
     (folder / "bees.txt").write_text("Replaced text about glass bees and winter nests.\n" * 40)
-    script = CRASH_SCRIPT.format(tests=str(Path(__file__).parent), path=str(path), file=str(folder / "bees.txt"))
+    script = CRASH_SCRIPT.format(path=str(path), file=str(folder / "bees.txt"))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 9, proc.stderr
     with Index(path, embedder=HashEmbedder()) as index:

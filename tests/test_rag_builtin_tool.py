@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import zlib
 from pathlib import Path
 
-import numpy as np
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -25,31 +22,13 @@ from quicksilver.api.server import create_app
 from quicksilver.loading import load_model
 from quicksilver.rag import Index
 from quicksilver.rag import chat as rag_chat
-from quicksilver.testing import save_tiny_model
+from quicksilver.testing import HashEmbedder, save_tiny_model
 
 CORPUS = Path(__file__).parent / "data" / "docs" / "corpus"
 FORCE_SEARCH = {"type": "function", "function": {"name": "search_documents"}}
 QUESTION = [{"role": "user", "content": "How steep is the Velin Pass rack railway?"}]
 CALCULATOR = {"type": "function", "function": {"name": "calculator", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
-
-
-class HashEmbedder:
-    """Hashed bag of words, L2-normalised: word overlap = similarity, no model to load."""
-
-    name = "test-hash"
-    dim = 64
-
-    def embed(self, texts):
-        single = isinstance(texts, str)
-        rows = []
-        for t in [texts] if single else texts:
-            v = np.zeros(self.dim, np.float32)
-            for w in re.findall(r"\w+", t.lower()):
-                v[zlib.crc32(w.encode()) % self.dim] += 1
-            rows.append(v / (np.linalg.norm(v) or 1))
-        out = np.stack(rows) if rows else np.zeros((0, self.dim), np.float32)
-        return out[0] if single else out
 
 
 @pytest.fixture(scope="module")
