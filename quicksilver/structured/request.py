@@ -49,10 +49,7 @@ def constraint_factory(
         def make() -> Any:
             return builders.tool_call_constraint(tools, tool_choice, tokenizer, max_tokens=max_tokens)
     elif constrain_auto and tools and tool_choice in (None, "auto") and json_schema is None and not json_object:
-        if builders.auto_tool_constraint(tools, tokenizer, max_tokens=max_tokens) is None:
-            return None  # no call skeleton can be enforced for these tools: free, as without the option
-
-        def make() -> Any:
+        def make() -> Any:  # None when no call skeleton can be enforced for these tools (then: free decoding)
             return builders.auto_tool_constraint(tools, tokenizer, max_tokens=max_tokens)
     elif json_schema is not None:
         def make() -> Any:
@@ -62,5 +59,4 @@ def constraint_factory(
             return builders.json_object_constraint(tokenizer, max_tokens=max_tokens)
     else:
         return None
-    make()
-    return make
+    return None if make() is None else make  # built once now: a request that cannot be served fails here
