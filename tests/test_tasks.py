@@ -83,6 +83,26 @@ def _corruptions(ex: Example) -> list[str]:
         return [f"def {name.group(1)}({name.group(2)}):\n    return None", "print('hi')", "def f(:"]
     if task == "infill":
         return ["    pass", "    return 12345"]
+    if task == "agent_step":
+        if "final" in ans:
+            key = ans["final"]
+            if key is None:
+                return ["Esk.", TOOL_CALLS + "[]"]
+            wrong = [f"{TOOL_CALLS}[]", "I could not find it."]
+            return wrong + ([_bump_last_int(_content(ex))] if re.fullmatch(r"\d+", key) else [])
+        call = ans["call"]
+        name, args = call["name"], dict(call["arguments"])
+        value = next(iter(args.values()))
+        changed = {"calculator": _bump_last_int(value) if name == "calculator" else "",
+                   "read_file": "notes.txt", "search_documents": "weather today",
+                   "run_python": "print(-1)"}[name]
+        wrong_args = {next(iter(args)): changed}
+        return [
+            TOOL_CALLS + json.dumps([{"name": name, "arguments": wrong_args}]),
+            TOOL_CALLS + json.dumps([{"name": "list_files", "arguments": {"path": "."}}]),
+            json.dumps([call]),  # no marker
+            "I do not know.",
+        ]
     raise AssertionError(f"no corruptions for {task}")
 
 
@@ -146,3 +166,42 @@ def test_tool_answer_values_must_appear_whole():
     assert mentions("It is 20 degrees.", "20") and mentions("That is 1086.13.", "1086.13")
     assert not mentions("It is 120 degrees", "20") and not mentions("It is 20.5", "20")
     assert not mentions("unsent", "sent")
+
+
+def test_agent_steps_offer_the_agents_own_tools_and_fit_the_training_length():
+    """The training conversations must show the schemas the agent sends, and mostly fit a 256-token row."""
+    from quicksilver.agent import build_tools
+    from quicksilver.data.mixture import MAX_LEN
+    from quicksilver.rag.chat import SEARCH_TOOL
+    from quicksilver.tasks.agent_steps import tool_schema
+
+    offered = {t.name: t.spec() for t in build_tools(["calculator", "run_python", "read_file", "list_files"], root=".")}
+    offered["search_documents"] = SEARCH_TOOL
+    for name, spec in offered.items():
+        assert tool_schema(name) == spec
+    from quicksilver.loading import resolve_model_path
+    from quicksilver.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(resolve_model_path("default"))  # the shipped models' tokenizer
+    examples = _examples("agent_step", "train", 80)
+    lengths = [sum(len(tok.encode(part)) for part in render(ex, tok)) for ex in examples]
+    assert {ex.tools[0]["function"]["name"] for ex in examples} == {"calculator", "read_file", "search_documents",
+                                                                     "run_python"}
+    assert {"final" in ex.answer for ex in examples} == {True, False}  # both calls and final answers are targets
+    assert sum(n <= MAX_LEN for n in lengths) >= 0.5 * len(lengths), lengths
+
+
+def test_agent_step_python_observation_is_what_the_sandbox_prints():
+    from quicksilver.agent.tools import run_python
+
+    seen = 0
+    for i in range(200):
+        ex = TASKS["agent_step"].generate(random.Random(f"py:{i}"), "train")
+        calls = [m for m in ex.messages if m.get("tool_calls")]
+        if calls and calls[0]["tool_calls"][0]["name"] == "run_python":
+            code = calls[0]["tool_calls"][0]["arguments"]["code"]
+            assert run_python(code).strip() == ex.messages[-1]["content"].strip()
+            seen += 1
+            if seen == 3:
+                break
+    assert seen == 3

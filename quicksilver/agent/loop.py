@@ -14,9 +14,8 @@ from quicksilver.agent.tools import Tool
 MAX_REPEATS = 3  # the same call (name + arguments) this many times ends the episode: a retry loop, not progress
 REPEAT_NOTE = "\n(note: you already made this exact call; the result is the same. Answer now or try something else.)"
 
-SYSTEM_PROMPT = (
-    "You are a careful assistant that solves tasks step by step with tools. Call a tool when you need a fact, a "
-    "calculation, a file, or to run code; when you know the answer, reply with the final answer and no tool call."
+SYSTEM_PROMPT = (  # short: it is in every step's prompt
+    "Solve the task step by step with the tools. When you know the answer, reply with it and call no tool."
 )
 
 

@@ -119,7 +119,7 @@ def _calculator(args: dict) -> str:
 
 
 def calculator_tool() -> Tool:
-    return Tool("calculator", "Evaluate an arithmetic expression, e.g. '(3 + 4) * sqrt(2)'. Returns the number.",
+    return Tool("calculator", "Evaluate an arithmetic expression and return the number.",
                 {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"],
                  "additionalProperties": False}, _calculator)
 
@@ -132,6 +132,14 @@ def confined(root: Path, relative: str) -> Path:
     if target != root and not target.is_relative_to(root):
         raise ToolError(f"{relative!r} is outside the allowed folder")
     return target
+
+
+# Short descriptions on purpose: every offered tool's schema is in the prompt of every step, and the shipped
+# models were trained on 256-token conversations.
+READ_FILE_DESCRIPTION = "Read a text file (path relative to the work folder)."
+LIST_FILES_DESCRIPTION = "List the files in a folder ('.' for the top)."
+PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+               "additionalProperties": False}
 
 
 def file_tools(root: str | Path, max_bytes: int = 100_000) -> list[Tool]:
@@ -155,12 +163,9 @@ def file_tools(root: str | Path, max_bytes: int = 100_000) -> list[Tool]:
         names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir() if not p.name.startswith("."))
         return "\n".join(names) or "(empty folder)"
 
-    path_schema = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
-                   "additionalProperties": False}
     return [
-        Tool("read_file", "Read a text file (path relative to the work folder).", path_schema, read_file),
-        Tool("list_files", "List the files in a folder (relative to the work folder; '.' for the top).",
-             path_schema, list_files),
+        Tool("read_file", READ_FILE_DESCRIPTION, PATH_SCHEMA, read_file),
+        Tool("list_files", LIST_FILES_DESCRIPTION, PATH_SCHEMA, list_files),
     ]
 
 

@@ -7,6 +7,7 @@ and ``verify(example, output_text)`` to grade a model's raw output (special toke
 
 from __future__ import annotations
 
+from quicksilver.tasks.agent_steps import AgentStep
 from quicksilver.tasks.arithmetic import Arithmetic, WordProblem
 from quicksilver.tasks.base import Example, Split, Task, clean_output, render, render_prompt
 from quicksilver.tasks.code_synthesis import CodeSynthesis
@@ -29,6 +30,7 @@ TASKS: dict[str, Task] = {
         RetrievalQA(),
         CodeSynthesis(),
         Infilling(),
+        AgentStep(),
     )
 }
 
