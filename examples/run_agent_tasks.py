@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--base-url")
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--search-k", type=int, default=1,
+                    help="passages per search (the shipped models were trained on 256-token conversations)")
     args = ap.parse_args()
     tasks = json.loads((HERE / "agent_tasks.json").read_text())
     index_path = Path(tempfile.mkdtemp()) / "docs.sqlite"
@@ -48,7 +50,7 @@ def main() -> None:
         model = args.model if args.base_url and args.model else client.models.list().data[0].id
         outcomes, step_times = [], []
         for t in tasks:
-            tools = build_tools(t["tools"], root=HERE / "agent_files", index_path=index_path)
+            tools = build_tools(t["tools"], root=HERE / "agent_files", index_path=index_path, search_k=args.search_k)
             result = run_agent(client, model, t["task"], tools, max_steps=args.max_steps, max_tokens=args.max_tokens)
             for s in result.steps:
                 print(format_step(s))

@@ -70,38 +70,18 @@ def client_request(example: Example, tool_choice: str = "auto") -> ClientRequest
 
 
 def client_text(result: Any, tokenizer: Tokenizer, request: ClientRequest) -> tuple[str, str | None]:
-    """(text a grader sees, server error or None) for one finished answer, as the server returns it.
+    """(text a grader sees, server error or None) for one finished answer, as the server returns it (the same
+    :func:`~quicksilver.structured.answer.client_answer` rule): tool calls come back as
+    ``content + <|tool_calls|> + JSON list``, anything else as the message content."""
+    from quicksilver.structured.answer import client_answer
 
-    Mirrors ``ChatPlan.tool_calls``/``finish`` in ``quicksilver/api/server.py`` for the requests
-    :func:`client_request` makes (tests/test_eval_constrained.py checks the two agree): calls after the
-    ``<|tool_calls|>`` token that ``parse_tool_calls`` validates come back as ``tool_calls``, which a
-    client-side grader sees as ``content + <|tool_calls|> + JSON list``; everything else is the message content."""
-    from quicksilver.structured import parse_tool_calls
-    from quicksilver.structured.request import is_forced_tool_choice
-
-    ids = result.token_ids
-    forced = is_forced_tool_choice(request.tool_choice)
-    if request.tools and request.tool_choice != "none":
-        marker = tokenizer.token_id(TOOL_CALLS)
-        if marker in ids:
-            cut = ids.index(marker)
-            calls = parse_tool_calls(tokenizer.decode(ids[cut + 1 :]), request.tools)
-            if calls:
-                content = "" if forced else tokenizer.decode(ids[:cut])
-                calls = [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
-                return content + TOOL_CALLS + json.dumps(calls, ensure_ascii=False), None
-        if forced and result.finish_reason != "length":
-            return "", "the model did not produce a valid tool call"
-    if request.json_schema is not None and result.finish_reason != "length":
-        import jsonschema
-
-        try:
-            jsonschema.validate(json.loads(result.text), request.json_schema)
-        except json.JSONDecodeError:
-            return "", "the model did not produce valid JSON"
-        except jsonschema.ValidationError as exc:
-            return "", f"the output does not match the schema: {exc.message}"
-    return result.text, None
+    answer = client_answer(result.token_ids, result.text, result.finish_reason, tokenizer, tools=request.tools,
+                           tool_choice=request.tool_choice, json_schema=request.json_schema)
+    if answer.error is not None:
+        return "", answer.error
+    if answer.tool_calls:
+        return (answer.content or "") + TOOL_CALLS + json.dumps(answer.tool_calls, ensure_ascii=False), None
+    return answer.content or "", None
 
 
 @dataclass

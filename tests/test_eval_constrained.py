@@ -150,6 +150,39 @@ def test_client_text_matches_the_server(request_, finish_reason):
         assert (text, error is not None) == _server_view(tok, request_, result), answer
 
 
+def test_client_answer_rules():
+    """The one rule both the server and the eval use: what counts as a call, an error, or plain content."""
+    from quicksilver.structured.answer import client_answer
+
+    tok = tiny_tokenizer()
+
+    def answer(text, finish="stop", **kw):
+        ids = tok.encode(text)
+        return client_answer(ids, tok.decode(ids), finish, tok, **kw)
+
+    two = ANSWERS[1]
+    a = answer(two, tools=[WEATHER, TIME], tool_choice="auto")
+    assert a.content == "Let me check." and [c["name"] for c in a.tool_calls] == ["get_time", "get_weather"]
+    assert a.finish_reason == "tool_calls" and a.error is None
+    assert [c["name"] for c in answer(two, tools=[WEATHER, TIME], parallel_tool_calls=False,
+                                      tool_choice="auto").tool_calls] == ["get_time"]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    a = answer(two, tools=[WEATHER, TIME], tool_choice=named)
+    assert a.content is None and a.tool_calls == [{"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    # an invalid call: plain content under "auto", an error when a call was required (unless cut by length)
+    assert answer(ANSWERS[2], tools=[WEATHER], tool_choice="auto").tool_calls is None
+    assert answer(ANSWERS[2], tools=[WEATHER], tool_choice="required").error == \
+        "the model did not produce a valid tool call"
+    assert answer(ANSWERS[2], "length", tools=[WEATHER], tool_choice="required").error is None
+    # tools offered but tool_choice "none": the marker is just text
+    assert answer(ANSWERS[0], tools=[WEATHER], tool_choice="none").tool_calls is None
+    assert answer('{"n": 3}', json_schema=SCHEMA).error is None
+    assert "does not match the schema" in answer('{"n": "three"}', json_schema=SCHEMA).error
+    assert answer("[1, 2]", json_object=True).error == "the model did not produce a JSON object"
+    assert answer("{not json", json_object=True).error == "the model did not produce valid JSON"
+    assert answer("{not json", "length", json_object=True).error is None
+
+
 # -- CLI --------------------------------------------------------------------------------------------------------------
 def test_cli_constrained_flag(loaded, tmp_path, capsys):
     out = tmp_path / "eval.json"

@@ -250,7 +250,7 @@ TOOL_NAMES = ("search_documents", "calculator", "read_file", "list_files", "run_
 
 
 def build_tools(names: list[str], root: str | Path | None = None, index_path: str | Path | None = None,
-                python_timeout: float = 10.0) -> list[Tool]:
+                python_timeout: float = 10.0, search_k: int = 4) -> list[Tool]:
     """Tools by name; file tools need ``root`` and search needs ``index_path``."""
     unknown = [n for n in names if n not in TOOL_NAMES]
     if unknown:
@@ -264,7 +264,7 @@ def build_tools(names: list[str], root: str | Path | None = None, index_path: st
         elif name == "search_documents":
             if index_path is None:
                 raise ValueError("the search_documents tool needs --index FILE")
-            tools.append(search_tool(index_path))
+            tools.append(search_tool(index_path, k=search_k))
         elif name in ("read_file", "list_files"):
             if root is None:
                 raise ValueError(f"the {name} tool needs --root FOLDER")

@@ -362,50 +362,24 @@ class ChatPlan:
                            param="tools" if self.forced_tools else "response_format") from None
 
     # -- interpreting the output ----------------------------------------------------------------------
-    def tool_calls(self, result: GenerationResult) -> list[dict[str, Any]] | None:
-        """Validated tool calls in the answer, or None."""
-        if not self.use_tools or self.tool_token not in result.token_ids:
-            return None
-        cut = result.token_ids.index(self.tool_token)
-        text = self._tok.decode(result.token_ids[cut + 1 :])
-        calls = structured.parse_tool_calls(text, [t.model_dump(exclude_none=True) for t in self.tools])
-        if calls and self.req.parallel_tool_calls is False:
-            calls = calls[:1]
-        if calls and isinstance(self.tool_choice, NamedToolChoice):
-            calls = [c for c in calls if c["name"] == self.tool_choice.function.name] or None
-        return calls or None
-
     def finish(self, result: GenerationResult) -> dict[str, Any]:
         """{"content", "tool_calls", "finish_reason"} for one choice; raises APIError if a guarantee broke."""
-        calls = self.tool_calls(result)
-        if calls:
-            cut = result.token_ids.index(self.tool_token)
-            content = self._tok.decode(result.token_ids[:cut]) or None
-            if self.forced_tools:
-                content = None
-            out_calls = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
-                          "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-                         for c in calls]
-            return {"content": content, "tool_calls": out_calls, "finish_reason": "tool_calls"}
-        if self.forced_tools and result.finish_reason != "length":
-            raise APIError(500, "the model did not produce a valid tool call", "server_error", code="server_error")
-        if self.wants_json and result.finish_reason != "length":
-            try:
-                value = json.loads(result.text)
-            except json.JSONDecodeError:
-                raise APIError(500, "the model did not produce valid JSON", "server_error",
-                               code="server_error") from None
-            if not isinstance(value, dict) and self.json_schema is None:
-                raise APIError(500, "the model did not produce a JSON object", "server_error", code="server_error")
-            if self.json_schema is not None:
-                import jsonschema
+        from quicksilver.structured.answer import client_answer  # one rule, shared with `quicksilver eval`
 
-                try:
-                    jsonschema.validate(value, self.json_schema)
-                except jsonschema.ValidationError as exc:
-                    raise APIError(500, f"the output does not match the schema: {exc.message}", "server_error",
-                                   code="server_error") from None
-        return {"content": result.text, "tool_calls": None, "finish_reason": result.finish_reason}
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
+        answer = client_answer(
+            result.token_ids, result.text, result.finish_reason, self._tok,
+            tools=[t.model_dump(exclude_none=True) for t in self.tools], tool_choice=choice,
+            json_schema=self.json_schema, json_object=self.wants_json,
+            parallel_tool_calls=self.req.parallel_tool_calls)
+        if answer.error is not None:
+            raise APIError(500, answer.error, "server_error", code="server_error")
+        calls = None
+        if answer.tool_calls:
+            calls = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                      "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+                     for c in answer.tool_calls]
+        return {"content": answer.content, "tool_calls": calls, "finish_reason": answer.finish_reason}
 
     def stops(self) -> tuple[str, ...]:
         stop = self.req.stop

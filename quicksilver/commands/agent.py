@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"(default {DEFAULT_TOOLS}, plus search_documents with --index and the file tools with --root)")
     p.add_argument("--index", help="document index for search_documents")
     p.add_argument("--root", help="folder the file tools may read")
+    p.add_argument("--search-k", type=int, default=4,
+                   help="passages per search_documents call when the model does not ask for a number")
     p.add_argument("--max-steps", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn")
     p.add_argument("--temperature", type=float)
@@ -54,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the task is empty")
     if args.max_steps < 1:
         raise ValueError("--max-steps must be at least 1")
-    tools = build_tools(_tool_names(args), root=args.root, index_path=args.index, python_timeout=args.python_timeout)
+    if not 1 <= args.search_k <= 20:
+        raise ValueError("--search-k must be from 1 to 20")
+    tools = build_tools(_tool_names(args), root=args.root, index_path=args.index, python_timeout=args.python_timeout,
+                        search_k=args.search_k)
     if args.first_tool and args.first_tool not in {t.name for t in tools}:
         raise ValueError(f"--first-tool {args.first_tool!r} is not among the tools")
     first_choice = {"type": "function", "function": {"name": args.first_tool}} if args.first_tool else "auto"
