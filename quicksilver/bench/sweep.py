@@ -23,7 +23,7 @@ def sweep_grid(base: SamplingParams, block_size: int, quick: bool = False) -> li
         if block_size >= 8:
             grid += [(f"low_confidence {block_size // 4} steps", p.replace(policy="low_confidence",
                                                                            steps_per_block=block_size // 4))]
-    sizes = [b for b in ((16,) if not quick else (8,)) if b < block_size]
+    sizes = [b for b in ((16, 8) if not quick else (8,)) if b < block_size]
     grid += [(f"threshold 0.9 block {b}", p.replace(policy="threshold", threshold=0.9, block_size=b)) for b in sizes]
     return grid
 
