@@ -57,6 +57,9 @@ class ModelConfig:
     attention_mode: AttentionMode = "block_causal"
     block_size: int = 16
     token_shift: bool = False  # logits at position i predict token i+1 (Dream, Fast-dLLM v2, AR)
+    # block_causal only: finished blocks attend causally among themselves, only the block being decoded is
+    # bidirectional ("context-causal", as in Efficient-DLM/NBDiff): the cached context is what an AR model computes
+    causal_context: bool = False
     mask_token_id: int = 0
     eos_token_id: int = 1
     pad_token_id: int = 2
@@ -81,6 +84,8 @@ class ModelConfig:
         groups_ok = self.num_experts % self.moe_n_group == 0 and 1 <= self.moe_topk_group <= self.moe_n_group
         if self.num_experts and not groups_ok:
             raise ConfigError("num_experts must split into moe_n_group groups and 1 <= moe_topk_group <= moe_n_group")
+        if self.causal_context and self.attention_mode != "block_causal":
+            raise ConfigError("causal_context applies to block_causal models only")
         if self.attention_mode == "causal" and not self.token_shift:
             raise ConfigError("a causal (autoregressive) model must have token_shift=true")
 

@@ -6,7 +6,9 @@ attention mask it is run with:
 
 * ``bidirectional``  every position sees every position (LLaDA / MDLM / Dream),
 * ``block_causal``   causal across blocks of ``block_size`` tokens, bidirectional inside a block
-                     (BD3-LM / SDAR / Fast-dLLM v2); finished blocks have exact KV caches,
+                     (BD3-LM / SDAR / Fast-dLLM v2); finished blocks have exact KV caches. With
+                     ``causal_context`` only the block being decoded is bidirectional and finished blocks
+                     are plain causal text (a "context-causal" mask), computed as an AR model computes them,
 * ``causal``         ordinary left-to-right attention (the autoregressive twin).
 
 The model is stateless: ``forward`` takes the keys/values of earlier positions (``past``) and returns
@@ -29,12 +31,13 @@ KV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each [batch, kv_heads,
 
 
 def attention_mask(
-    mode: str, q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int
+    mode: str, q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int, causal_context: bool = False
 ) -> torch.Tensor | None:
     """Boolean mask [..., T, S] (True = may attend) from absolute query and key positions.
 
     Works on positions rather than indices so the same rule serves training, prefill and cached steps.
-    Returns None for bidirectional attention (nothing to mask).
+    Returns None for bidirectional attention (nothing to mask). With ``causal_context`` the block being
+    decoded is the last block among the keys (the decoder never feeds positions past it).
     """
     if mode == "bidirectional":
         return None
@@ -43,8 +46,18 @@ def attention_mask(
     if mode == "causal":
         return k <= q
     if mode == "block_causal":
-        return torch.div(k, block_size, rounding_mode="floor") <= torch.div(q, block_size, rounding_mode="floor")
+        bq = torch.div(q, block_size, rounding_mode="floor")
+        bk = torch.div(k, block_size, rounding_mode="floor")
+        if not causal_context:
+            return bk <= bq
+        current = torch.div(k_pos.amax(-1, keepdim=True), block_size, rounding_mode="floor").unsqueeze(-1)
+        return torch.where(bq == current, bk <= bq, k <= q)
     raise ValueError(f"unknown attention mode {mode!r}")
+
+
+def config_mask(cfg: ModelConfig, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+    """:func:`attention_mask` with a model config's own rule."""
+    return attention_mask(cfg.attention_mode, q_pos, k_pos, cfg.block_size, cfg.causal_context)
 
 
 class RMSNorm(nn.Module):
@@ -306,7 +319,7 @@ class Transformer(nn.Module):
 
     def make_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         """The model's own attention rule, as a [B, 1, T, S] mask (None when nothing is masked)."""
-        m = attention_mask(self.config.attention_mode, q_pos, k_pos, self.config.block_size)
+        m = config_mask(self.config, q_pos, k_pos)
         return None if m is None else m.unsqueeze(1)
 
     def forward(

@@ -114,6 +114,23 @@ def test_kv_cache_for_causal_model_matches_uncached():
     assert dec.generate(PROMPT, params).token_ids == dec.generate(PROMPT, params.replace(cache="none")).token_ids
 
 
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_causal_context_cache_matches_uncached_and_changes_the_context(block_size):
+    """Finished blocks attend causally: cached and uncached decoding agree, and differ from the same weights with
+    bidirectional finished blocks (the flag is a different computation, not a label)."""
+    dec = sharpened("block_causal", scale=20.0, token_shift=True, causal_context=True)
+    params = SamplingParams(max_tokens=30, block_size=block_size, threshold=0.6, ignore_eos=True)
+    cached = dec.generate(PROMPT + " jumps over", params).token_ids
+    assert cached == dec.generate(PROMPT + " jumps over", params.replace(cache="none")).token_ids
+    plain = tiny_model("block_causal", token_shift=True)
+    plain.load_state_dict(dec.model.state_dict())
+    ids = torch.tensor([dec.tokenizer.encode(PROMPT + " jumps over the lazy dog")[:20]])
+    with torch.no_grad():
+        a, _ = dec.model(ids)
+        b, _ = plain(ids)
+    assert not torch.allclose(a[0, :16], b[0, :16], atol=1e-3)  # finished blocks: causal vs bidirectional
+
+
 def test_block_causal_sub_blocks_and_token_shift_cache_agree():
     # Fast-dLLM v2 style: block-causal with token shift, decoded in sub-blocks of 4 inside blocks of 8
     dec = sharpened("block_causal", scale=20.0, token_shift=True)

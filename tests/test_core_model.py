@@ -159,3 +159,16 @@ def test_chat_template_renders_roles_and_tools():
     assert text.endswith('<|tool|>{"temp": 3}<|eos|><|assistant|>')
     ids = tok.encode(text)
     assert tok.token_id("<|user|>") in ids and tok.token_id("<|tool_calls|>") in ids
+
+
+def test_causal_context_mask_keeps_only_the_last_block_bidirectional():
+    from quicksilver.model import attention_mask
+
+    pos = torch.arange(12)
+    m = attention_mask("block_causal", pos, pos, 4, causal_context=True)
+    plain = attention_mask("block_causal", pos, pos, 4)
+    assert not m[5, 6] and plain[5, 6]  # a finished block is causal text
+    assert m[5, 4] and m[5, 0] and not m[5, 8]
+    assert m[9, 11] and m[9, 0] and torch.equal(m[8:], plain[8:])  # the block being decoded is bidirectional
+    step = attention_mask("block_causal", torch.arange(4, 12), pos, 4, causal_context=True)  # cached prefix 0..3
+    assert torch.equal(step, m[4:])

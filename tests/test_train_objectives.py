@@ -95,23 +95,26 @@ def test_config_of_a_trained_model_ends_answers_at_rainbow_pads():
     assert ar.attention_mode == "causal" and ar.token_shift
 
 
-def shifted_block_recipe(**train_overrides) -> Recipe:
+def shifted_block_recipe(causal_context: bool = False, **train_overrides) -> Recipe:
     from quicksilver.train.synthetic import TOY_RECIPE
 
-    return Recipe.from_dict({**TOY_RECIPE, "objective": "block", "model": {**TOY_RECIPE["model"], "token_shift": True},
+    model = {**TOY_RECIPE["model"], "token_shift": True, "causal_context": causal_context}
+    return Recipe.from_dict({**TOY_RECIPE, "objective": "block", "model": model,
                              "train": {**TOY_RECIPE["train"], **train_overrides}})
 
 
+@pytest.mark.parametrize("causal_context", [False, True])
 @pytest.mark.parametrize("offset", [0, 3])  # the first masked token at a block start, and inside a block
-def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int):
+def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int, causal_context: bool):
     """With token shift, the row that training scores for a masked token is the decoder's row for it: the same
-    clean earlier blocks, the same partly masked current block, hidden i - 1 predicting token i."""
+    clean earlier blocks, the same partly masked current block, hidden i - 1 predicting token i. With a causal
+    context the earlier blocks are causal text in both."""
     from quicksilver.train.objectives import block_prediction_rows
 
     tok = tiny_tokenizer()
-    recipe = shifted_block_recipe()
+    recipe = shifted_block_recipe(causal_context)
     cfg = model_config(recipe, tok)
-    assert cfg.attention_mode == "block_causal" and cfg.token_shift
+    assert cfg.attention_mode == "block_causal" and cfg.token_shift and cfg.causal_context == causal_context
     model = build_model(cfg, 0).eval()
     packer = RowPacker(lambda s: toy_stream(tok, 5, s), 0, 64, 1, tok.eos_id, list(cfg.stop_token_ids), tok.pad_id,
                        cfg.block_size)
@@ -125,7 +128,7 @@ def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int):
     masked[0, bs:bs + 3] = True  # noise in the previous block must not reach a block start's prediction
     noisy = batch.ids.masked_fill(masked, cfg.mask_token_id)
     with torch.no_grad():
-        trained = model.logits(block_prediction_rows(model, batch, noisy)[0, q:q + 1])
+        trained = model.logits(block_prediction_rows(model, batch, noisy)[0][0, q:q + 1])
         # the decoder's canvas: finished blocks clean, then the current block with its masks
         ids = torch.cat([batch.ids[0, :bs * 2], noisy[0, bs * 2:bs * 3]]).unsqueeze(0)
         hidden, _ = model(ids, torch.arange(ids.shape[1])[None], mask="auto")
@@ -133,13 +136,40 @@ def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int):
     assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
 
 
-def test_shifted_block_objective_lowers_held_out_loss(tmp_path: Path):
-    recipe = shifted_block_recipe()
+@pytest.mark.parametrize("causal_context", [False, True])
+def test_shifted_block_objective_lowers_held_out_loss(tmp_path: Path, causal_context: bool):
+    recipe = shifted_block_recipe(causal_context, ar_weight=1.0 if causal_context else 0.0)
     cfg = model_config(recipe, tiny_tokenizer())
     before = held_out_loss(build_model(cfg, recipe.train.seed), "block", recipe)
     result = train(recipe, TrainOptions(run_dir=tmp_path, progress=False, export=False))
     assert result.model.config.token_shift
     assert held_out_loss(result.model, "block", recipe) < 0.8 * before
+
+
+def test_causal_context_clean_stream_is_the_ar_model_and_ar_weight_adds_its_loss():
+    """With a causal context the clean half of [x_t || x_0] computes exactly what the causal (AR) model computes on
+    the same rows, so ``ar_weight`` adds the AR objective's loss at no extra forward."""
+    from quicksilver.train.objectives import ar_loss, block_prediction_rows
+
+    tok = tiny_tokenizer()
+    cfg = model_config(shifted_block_recipe(True), tok)
+    model = build_model(cfg, 0).eval()
+    packer = RowPacker(lambda s: toy_stream(tok, 7, s), 0, 64, 2, tok.eos_id, list(cfg.stop_token_ids), tok.pad_id,
+                       cfg.block_size)
+    batch = packer.next_batch()
+    noisy = batch.ids.masked_fill(torch.rand(batch.ids.shape) < 0.5, cfg.mask_token_id)
+    with torch.no_grad():
+        _, clean = block_prediction_rows(model, batch, noisy)
+        causal = batch.positions.unsqueeze(-2) <= batch.positions.unsqueeze(-1)
+        ar_hidden, _ = model(batch.ids, batch.positions, mask=(batch.same_doc() & causal).unsqueeze(1))
+        assert torch.allclose(clean, ar_hidden, atol=1e-5)
+        base = LOSSES["block"](model, batch, NoiseSettings(), torch.Generator().manual_seed(3)).loss
+        both = LOSSES["block"](model, batch, NoiseSettings(ar_weight=0.5), torch.Generator().manual_seed(3)).loss
+        ar = ar_loss(model, batch, NoiseSettings(), torch.Generator()).loss
+    assert torch.allclose(both, base + 0.5 * ar, atol=1e-5)
+    plain = build_model(model_config(shifted_block_recipe(False), tok), 0)
+    with pytest.raises(ValueError, match="causal_context"):
+        LOSSES["block"](plain, batch, NoiseSettings(ar_weight=1.0), torch.Generator())
 
 
 def test_token_shift_is_only_for_the_block_objective():

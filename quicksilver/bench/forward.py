@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from quicksilver.bench.models import prepare, set_threads
-from quicksilver.model import Transformer, attention_mask
+from quicksilver.model import Transformer, config_mask
 
 
 @dataclass
@@ -35,7 +35,7 @@ def _step_fn(case: ForwardCase, prefix: int):
     with torch.inference_mode():
         _, kv = model(ids[:, :prefix], pos[:, :prefix])  # the cached prefix
     q = pos[:, prefix:]
-    mask = attention_mask(cfg.attention_mode, q, pos, cfg.block_size)
+    mask = config_mask(cfg, q, pos)
     mask = None if mask is None else mask.unsqueeze(1)
     step_ids = ids[:, prefix:]
 

@@ -28,7 +28,7 @@ import torch
 from quicksilver.decoding.constraints import Constraint
 from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
-from quicksilver.model import KV, Transformer, attention_mask
+from quicksilver.model import KV, Transformer, config_mask
 from quicksilver.sampling import SamplingParams, make_generator, sample_tokens
 from quicksilver.tokenizer import Tokenizer
 
@@ -404,7 +404,7 @@ class Decoder:
         masks: list[torch.Tensor | None] = []
         for p in plans:
             keys = torch.cat([p.past_positions, p.positions])
-            m = attention_mask(cfg.attention_mode, p.positions, keys, cfg.block_size)
+            m = config_mask(cfg, p.positions, keys)
             # a query block that sees every key (the usual decode step) needs no mask: the fused kernel skips it
             masks.append(None if m is None or bool(m.all()) else m[None, None])
         return self.model.forward_packed(

@@ -8,6 +8,9 @@
             exactly what the decoder shows the model: an exact cache of clean earlier blocks plus the
             current, partly masked block. With ``token_shift`` (set in the recipe's model) hidden i predicts
             token i + 1, so a block-diffusion model can start from an AR model's weights (Fast-dLLM v2 / SDAR).
+            With ``causal_context`` the clean stream is causal instead (finished blocks are plain text, as in
+            Efficient-DLM), which makes it an AR model over the same rows: ``ar_weight`` adds its next-token
+            loss, so the AR knowledge the weights started with keeps being trained rather than only eroded.
 * ``ar``    next-token cross-entropy for the causal twin (token_shift: hidden i predicts token i+1).
 
 Losses are divided by the number of answer tokens (not masked tokens), which makes the diffusion loss
@@ -36,6 +39,7 @@ class NoiseSettings:
     t_max: float = 1.0
     weighting: str = "elbo"  # "elbo" (1/t) or "flat"
     pad_weight: float = 1.0  # loss weight of rainbow pads relative to answer tokens
+    ar_weight: float = 0.0  # block objective with causal_context: weight of the clean stream's next-token loss
 
 
 @dataclass
@@ -86,21 +90,27 @@ def mdlm_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Gen
     return _masked_loss(model, hidden, batch.ids, masked, t, weight, s)
 
 
-def block_diffusion_mask(batch: Batch, block_size: int) -> torch.Tensor:
+def block_diffusion_mask(batch: Batch, block_size: int, causal_context: bool = False) -> torch.Tensor:
     """[B, 1, 2L, 2L] mask over ``[x_t || x_0]`` (True = attend)."""
     same = batch.same_doc()
     blk = torch.div(batch.positions, block_size, rounding_mode="floor")
     bq, bk = blk.unsqueeze(-1), blk.unsqueeze(-2)
     noisy_noisy = same & (bq == bk)
     noisy_clean = same & (bk < bq)
-    clean_clean = same & (bk <= bq)
+    if causal_context:
+        clean_clean = same & (batch.positions.unsqueeze(-2) <= batch.positions.unsqueeze(-1))
+    else:
+        clean_clean = same & (bk <= bq)
     top = torch.cat([noisy_noisy, noisy_clean], dim=-1)
     bottom = torch.cat([torch.zeros_like(clean_clean), clean_clean], dim=-1)
     return torch.cat([top, bottom], dim=-2).unsqueeze(1)
 
 
-def block_prediction_rows(model: Transformer, batch: Batch, noisy: torch.Tensor) -> torch.Tensor:
-    """[B, L, d] hidden rows that predict each token of ``batch`` given the noisy stream ``noisy``.
+def block_prediction_rows(
+    model: Transformer, batch: Batch, noisy: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, L, d] hidden rows that predict each token of ``batch`` given the noisy stream ``noisy``, and the
+    clean stream's hidden states [B, L, d].
 
     One forward over ``[x_t || x_0]``. Without token shift row i predicts token i. With it, hidden i - 1 predicts
     token i: inside a block from the noisy stream; at a block start from the clean stream, whose previous block is
@@ -109,12 +119,12 @@ def block_prediction_rows(model: Transformer, batch: Batch, noisy: torch.Tensor)
     L = batch.ids.shape[1]
     ids = torch.cat([noisy, batch.ids], dim=1)
     positions = torch.cat([batch.positions, batch.positions], dim=1)
-    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs))
+    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs, model.config.causal_context))
     if not model.config.token_shift:
-        return hidden[:, :L]
+        return hidden[:, :L], hidden[:, L:]
     idx = torch.arange(L).expand_as(batch.positions)
     src = torch.where(batch.positions % bs == 0, L + idx - 1, idx - 1).clamp_min(0)
-    return hidden.gather(1, src.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return hidden.gather(1, src.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])), hidden[:, L:]
 
 
 def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
@@ -128,20 +138,32 @@ def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Ge
     if model.config.token_shift:
         masked &= batch.positions > 0  # a segment's first token has nothing before it to be predicted from
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
-    return _masked_loss(model, block_prediction_rows(model, batch, noisy), batch.ids, masked, t, weight, s)
+    rows, clean = block_prediction_rows(model, batch, noisy)
+    out = _masked_loss(model, rows, batch.ids, masked, t, weight, s)
+    if s.ar_weight > 0:
+        if not (model.config.causal_context and model.config.token_shift):
+            raise ValueError("ar_weight needs a model with causal_context and token_shift (a causal clean stream)")
+        ar = _next_token_loss(model, clean, batch)
+        out = LossOut(out.loss + s.ar_weight * ar.loss, out.ce, out.scored + ar.scored, out.answer_tokens)
+    return out
 
 
-def ar_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
-    same = batch.same_doc()
-    causal = batch.positions.unsqueeze(-2) <= batch.positions.unsqueeze(-1)
-    hidden, _ = model(batch.ids, batch.positions, mask=(same & causal).unsqueeze(1))
-    # hidden i predicts token i+1 of the same segment when that token is part of the answer (EOS included)
+def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch) -> LossOut:
+    """Mean next-token cross-entropy of the answer tokens (EOS included) from causal hidden states."""
+    # hidden i predicts token i+1 of the same segment when that token is part of the answer
     scored = (batch.region[:, 1:] == RESPONSE) & (batch.doc[:, 1:] == batch.doc[:, :-1])
     logits = model.logits(hidden[:, :-1][scored])
     ce = F.cross_entropy(logits, batch.ids[:, 1:][scored], reduction="sum")
     n = int(scored.sum())
     loss = ce / max(n, 1)
     return LossOut(loss, float(loss.detach()), n, float(n))
+
+
+def ar_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
+    same = batch.same_doc()
+    causal = batch.positions.unsqueeze(-2) <= batch.positions.unsqueeze(-1)
+    hidden, _ = model(batch.ids, batch.positions, mask=(same & causal).unsqueeze(1))
+    return _next_token_loss(model, hidden, batch)
 
 
 LOSSES: dict[str, Callable[[Transformer, Batch, NoiseSettings, torch.Generator], LossOut]] = {

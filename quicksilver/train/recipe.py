@@ -30,6 +30,8 @@ class ModelSpec(_Strict):
     # block objective only: hidden i predicts token i + 1, as in an AR model (Fast-dLLM v2 / SDAR style), so a
     # block-diffusion model can start from an AR model's weights and keep its output alignment
     token_shift: bool = False
+    # block objective only: finished blocks attend causally (the clean stream is an AR model), see objectives.py
+    causal_context: bool = False
 
 
 class DataSpec(_Strict):
@@ -58,6 +60,7 @@ class TrainSpec(_Strict):
     t_min: float = Field(1e-3, gt=0, le=1)
     t_max: float = Field(1.0, gt=0, le=1)
     weighting: Literal["elbo", "flat"] = "elbo"
+    ar_weight: float = Field(0.0, ge=0)  # block objective with causal_context: weight of the clean stream's AR loss
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(1, gt=0)
