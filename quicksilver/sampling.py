@@ -12,9 +12,9 @@ from typing import Literal
 
 import torch
 
-PolicyName = Literal["low_confidence", "threshold", "factor", "entropy", "margin"]
+PolicyName = Literal["low_confidence", "threshold", "left_to_right", "factor", "entropy", "margin"]
 CacheMode = Literal["auto", "none", "prefix", "dual"]
-POLICIES: tuple[str, ...] = ("low_confidence", "threshold", "factor", "entropy", "margin")
+POLICIES: tuple[str, ...] = ("low_confidence", "threshold", "left_to_right", "factor", "entropy", "margin")
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class SamplingParams:
     ignore_eos: bool = False
     # unmasking policy
     policy: PolicyName = "threshold"
-    threshold: float = 0.9  # threshold policy: commit every masked position with confidence >= threshold
+    threshold: float = 0.9  # threshold and left_to_right: commit every masked position with confidence >= this
     factor: float = 1.0  # factor policy: largest n with c(i) >= 1 - factor / (i + 1)
     entropy_bound: float = 0.5  # entropy policy: commit while summed entropy minus the max <= bound
     margin: float = 0.5  # margin policy: commit positions whose top1 - top2 probability >= margin

@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from quicksilver.decoding import Decoder
-from quicksilver.decoding.policies import EntropyBounded, Factor, LowConfidence, Margin, StepContext, Threshold
+from quicksilver.decoding.policies import (
+    EntropyBounded,
+    Factor,
+    LeftToRight,
+    LowConfidence,
+    Margin,
+    StepContext,
+    Threshold,
+)
 from quicksilver.sampling import SamplingParams
 from quicksilver.testing import tiny_model, tiny_tokenizer
 
@@ -32,6 +40,25 @@ def test_threshold_policy_commits_confident_and_always_the_best():
     ctx = StepContext(0, 4)
     assert Threshold(0.9).select(conf, None, ctx).tolist() == [False, True, True, False]
     assert Threshold(1.0).select(conf, None, ctx).tolist() == [False, True, False, False]
+
+
+def test_left_to_right_commits_confident_and_always_the_leftmost():
+    conf = torch.tensor([0.2, 0.95, 0.91, 0.5])
+    ctx = StepContext(0, 4)
+    assert LeftToRight(0.9).select(conf, None, ctx).tolist() == [True, True, True, False]
+    assert LeftToRight(1.0).select(conf, None, ctx).tolist() == [True, False, False, False]  # not the best one
+
+
+def test_left_to_right_decodes_every_block_in_reading_order_when_nothing_is_sure():
+    dec = decoder("block_causal")
+    params = SamplingParams(max_tokens=16, policy="left_to_right", threshold=1.0, ignore_eos=True)
+    state = dec.start(dec.tokenizer.encode(PROMPT), params)
+    order = []
+    while not state.finished:
+        before = state.committed.clone()
+        dec.step([state])
+        order += (state.committed & ~before).nonzero().flatten().tolist()
+    assert order == sorted(order) and len(order) == 16
 
 
 def test_factor_rule():

@@ -17,6 +17,7 @@ def sweep_grid(base: SamplingParams, block_size: int, quick: bool = False) -> li
                                                                      steps_per_block=block_size))]
     taus = (0.7, 0.9) if quick else (0.5, 0.7, 0.9, 0.95)
     grid += [(f"threshold {t:g}", p.replace(policy="threshold", threshold=t)) for t in taus]
+    grid += [(f"left_to_right {t:g}", p.replace(policy="left_to_right", threshold=t)) for t in (0.7, 0.9)]
     if not quick:
         grid += [("factor 1", p.replace(policy="factor", factor=1.0)), ("entropy 0.5", p.replace(policy="entropy",
                  entropy_bound=0.5)), ("margin 0.5", p.replace(policy="margin", margin=0.5))]

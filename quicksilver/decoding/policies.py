@@ -65,6 +65,23 @@ class Threshold(UnmaskPolicy):
         return _at_least_best(conf >= self.tau, conf)
 
 
+class LeftToRight(UnmaskPolicy):
+    """Threshold with a semi-autoregressive fallback: commit every position whose confidence >= tau, and always
+    the leftmost one. When nothing is sure the next token in reading order is committed, not a far-off guess
+    (say a closing brace) that the rest of the block would then be built around; a model adapted from an AR
+    model (token shift, causal context) is at its best on that left-to-right conditional."""
+
+    name = "left_to_right"
+
+    def __init__(self, tau: float):
+        self.tau = tau
+
+    def select(self, conf, probs, ctx):
+        keep = conf >= self.tau
+        keep[0] = True  # candidates come in position order
+        return keep
+
+
 class Factor(UnmaskPolicy):
     """Fast-dLLM factor rule: sort confidences c(1) >= c(2) >= ...; commit the largest n such that
     c(i) >= 1 - f / (i + 1) for every i <= n (Theorem 1: parallel greedy = joint greedy)."""
@@ -122,6 +139,8 @@ def make_unmask_policy(params: SamplingParams) -> UnmaskPolicy:
             return LowConfidence(params.steps_per_block)
         case "threshold":
             return Threshold(params.threshold)
+        case "left_to_right":
+            return LeftToRight(params.threshold)
         case "factor":
             return Factor(params.factor)
         case "entropy":

@@ -8,6 +8,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from quicksilver.sampling import PolicyName
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -76,7 +78,7 @@ class GenerationSpec(_Strict):
     """generation_config.json of the exported model."""
 
     max_tokens: int = Field(256, gt=0)
-    policy: Literal["low_confidence", "threshold", "factor", "entropy", "margin"] = "threshold"
+    policy: PolicyName = "threshold"
     threshold: float = Field(0.9, ge=0, le=1)
 
 
