@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from quicksilver.model import Transformer
+from quicksilver.model import Transformer, attention_mask
 from quicksilver.train.packing import PAD, RESPONSE, Batch
 
 OBJECTIVES = ("mdlm", "block", "ar")
@@ -97,10 +97,9 @@ def block_diffusion_mask(batch: Batch, block_size: int, causal_context: bool = F
     bq, bk = blk.unsqueeze(-1), blk.unsqueeze(-2)
     noisy_noisy = same & (bq == bk)
     noisy_clean = same & (bk < bq)
-    if causal_context:
-        clean_clean = same & (batch.positions.unsqueeze(-2) <= batch.positions.unsqueeze(-1))
-    else:
-        clean_clean = same & (bk <= bq)
+    # the clean stream follows the model's own rule for finished text: causal with a causal context
+    clean_clean = same & attention_mask("causal" if causal_context else "block_causal", batch.positions,
+                                        batch.positions, block_size)
     top = torch.cat([noisy_noisy, noisy_clean], dim=-1)
     bottom = torch.cat([torch.zeros_like(clean_clean), clean_clean], dim=-1)
     return torch.cat([top, bottom], dim=-2).unsqueeze(1)
@@ -160,9 +159,8 @@ def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch) -> 
 
 
 def ar_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
-    same = batch.same_doc()
-    causal = batch.positions.unsqueeze(-2) <= batch.positions.unsqueeze(-1)
-    hidden, _ = model(batch.ids, batch.positions, mask=(same & causal).unsqueeze(1))
+    causal = attention_mask("causal", batch.positions, batch.positions, 1)
+    hidden, _ = model(batch.ids, batch.positions, mask=(batch.same_doc() & causal).unsqueeze(1))
     return _next_token_loss(model, hidden, batch)
 
 
