@@ -12,9 +12,13 @@ from typing import Literal
 
 import torch
 
-PolicyName = Literal["low_confidence", "threshold", "left_to_right", "factor", "entropy", "margin"]
+PolicyName = Literal[
+    "low_confidence", "threshold", "left_to_right", "factor", "entropy", "margin", "self_speculative"
+]
 CacheMode = Literal["auto", "none", "prefix", "dual"]
-POLICIES: tuple[str, ...] = ("low_confidence", "threshold", "left_to_right", "factor", "entropy", "margin")
+POLICIES: tuple[str, ...] = (
+    "low_confidence", "threshold", "left_to_right", "factor", "entropy", "margin", "self_speculative"
+)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import torch
 from quicksilver.decoding.constraints import Constraint
 from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
+from quicksilver.decoding.speculative import Layout, SelfSpeculation, check_supported
 from quicksilver.model import KV, Transformer, config_mask
 from quicksilver.sampling import SamplingParams, make_generator, sample_tokens
 from quicksilver.tokenizer import Tokenizer
@@ -92,6 +93,8 @@ class _Plan:
     logit_positions: torch.Tensor  # canvas positions those rows predict
     store: tuple[int, int, int] | None  # (first row, cache position, count) of keys to write
     reset_cache: bool = False
+    mask: torch.Tensor | None = None  # [T, S + T]; None: the model's own rule over the positions
+    speculative: Layout | None = None  # self-speculative step: where its two copies of the block sit
 
 
 class DecodeState:
@@ -114,8 +117,14 @@ class DecodeState:
         self.mask_id = cfg.mask_token_id
         self.end_ids = torch.tensor(cfg.end_token_ids)
         self.model_block = 1 if self.mode == "causal" else cfg.block_size
+        # a causal model already commits one verified token per forward: it has nothing to speculate with
+        self.speculation: SelfSpeculation | None = None
+        if params.policy == "self_speculative" and self.mode != "causal":
+            check_supported(cfg, params)
         if self.mode == "causal":
             self.block = 1
+        elif params.policy == "self_speculative":
+            self.block = cfg.block_size  # the noisy copy is always one whole model block
         else:
             self.block = params.block_size or (cfg.block_size if self.mode == "block_causal" else 32)
         self.cache_mode = params.cache
@@ -141,6 +150,8 @@ class DecodeState:
         self.committed = torch.zeros(buf_len, dtype=torch.bool)
         self.committed[: self.prompt_len] = True
         self.fixed = self.committed.clone()  # prompt and pinned tokens: never sampled, never revised
+        if params.policy == "self_speculative" and self.mode != "causal":
+            self.speculation = SelfSpeculation(buf_len, self.mask_id)
         self.generator = make_generator(params.seed)
         self.policy: UnmaskPolicy = make_unmask_policy(params)
         self.correction = SelfCorrection.from_params(params, self.block)
@@ -197,6 +208,8 @@ class DecodeState:
 
     # -- planning the forward ------------------------------------------------------------------------
     def plan(self) -> _Plan:
+        if self.speculation is not None:
+            return self._plan_speculative()
         bs, be, shift = self.block_start, self.block_end, self.shift
         region = torch.arange(bs, be)
         open_ = ~self.committed[bs:be]
@@ -256,8 +269,38 @@ class DecodeState:
             reset_cache=reset,
         )
 
+    def _plan_speculative(self) -> _Plan:
+        lay, ids, positions, mask = self.speculation.layout(self)
+        c0 = lay.clean_start
+        store = None
+        # every verified token's clean key is final (causal: nothing after it changes it), so the cache runs
+        # up to the frontier, not just to the last finished block
+        if self.cache is not None and self.frontier > self.cache.length:
+            store = (self.cache.length - c0, self.cache.length, self.frontier - self.cache.length)
+        return _Plan(
+            input_ids=ids,
+            positions=positions,
+            past=self.cache.view(c0) if self.cache is not None and c0 else None,
+            past_positions=torch.arange(c0),
+            logit_rows=SelfSpeculation.logit_rows(lay),
+            logit_positions=torch.cat([lay.verify_positions, lay.draft_positions]),
+            store=store,
+            mask=mask,
+            speculative=lay,
+        )
+
     # -- applying a step -------------------------------------------------------------------------------
-    def apply(self, positions: torch.Tensor, logits: torch.Tensor, decoder: Decoder) -> None:
+    def apply(self, plan: _Plan, logits: torch.Tensor, decoder: Decoder) -> None:
+        if plan.speculative is not None:
+            self.stats.forwards += 1
+            self.stats.steps += 1
+            before = self.frontier
+            self.stats.committed += self.speculation.apply(self, plan.speculative, logits)
+            if self.stats.first_token_time is None and before == self.prompt_len and bool(self.committed[before]):
+                self.stats.first_token_time = time.perf_counter()
+            self.step_in_block += 1
+            return self._after_commit(decoder)
+        positions = plan.logit_positions
         self.stats.forwards += 1
         self.stats.steps += 1
         logits[:, self.mask_id] = float("-inf")  # the model never "predicts" a mask
@@ -394,7 +437,7 @@ class Decoder:
                     st.cache.truncate(0)
                 st.cache.write(pos, new_kv, slice(row, row + n))
             st.needs_refresh = False
-            st.apply(plan.logit_positions, logits, self)
+            st.apply(plan, logits, self)
 
     def _forward_packed(self, plans: list[_Plan]) -> tuple[torch.Tensor, list[list[KV]]]:
         """One forward for all plans, their inputs packed row after row (no padding): see
@@ -404,7 +447,7 @@ class Decoder:
         masks: list[torch.Tensor | None] = []
         for p in plans:
             keys = torch.cat([p.past_positions, p.positions])
-            m = config_mask(cfg, p.positions, keys)
+            m = p.mask if p.mask is not None else config_mask(cfg, p.positions, keys)
             # a query block that sees every key (the usual decode step) needs no mask: the fused kernel skips it
             masks.append(None if m is None or bool(m.all()) else m[None, None])
         return self.model.forward_packed(

@@ -139,7 +139,7 @@ def make_unmask_policy(params: SamplingParams) -> UnmaskPolicy:
             return LowConfidence(params.steps_per_block)
         case "threshold":
             return Threshold(params.threshold)
-        case "left_to_right":
+        case "left_to_right" | "self_speculative":  # the latter commits by verification (speculative.py)
             return LeftToRight(params.threshold)
         case "factor":
             return Factor(params.factor)
