@@ -1,0 +1,131 @@
+"""Self-speculative decoding: the noisy copy drafts, the model's own causal stream verifies, in one forward."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from quicksilver.decoding import Decoder
+from quicksilver.sampling import SamplingParams
+from quicksilver.structured import constrained_text, json_object_constraint, json_schema_constraint
+from quicksilver.testing import tiny_model, tiny_tokenizer
+
+PROMPTS = ["The quick brown fox", "def add(a, b):", "0123456789 + 42 =", "yes"]
+SPEC = SamplingParams(max_tokens=30, policy="self_speculative", ignore_eos=True)
+
+
+def spec_decoder(seed: int = 0, scale: float = 20.0) -> Decoder:
+    """A random block-causal model with token shift and a causal context, its head scaled up so its
+    distributions are peaked like a trained model's."""
+    model = tiny_model("block_causal", seed=seed, token_shift=True, causal_context=True)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return Decoder(model, tiny_tokenizer())
+
+
+def causal_copy(dec: Decoder) -> Decoder:
+    """The same weights run as a plain causal model (what the clean stream computes)."""
+    model = tiny_model("causal", token_shift=True)
+    model.load_state_dict(dec.model.state_dict())
+    return Decoder(model, dec.tokenizer)
+
+
+def test_greedy_output_is_the_causal_greedy_output():
+    dec = spec_decoder()
+    ar = causal_copy(dec)
+    for prompt in PROMPTS:
+        for params in (SPEC, SPEC.replace(ignore_eos=False, max_tokens=20)):
+            spec = dec.generate(prompt, params)
+            ref = ar.generate(prompt, params.replace(policy="threshold"))
+            assert spec.token_ids == ref.token_ids, prompt
+            assert spec.finish_reason == ref.finish_reason
+
+
+def test_correct_drafts_are_accepted_many_per_forward():
+    """Feed the verifier perfect drafts (the causal greedy answer): same output, about two forwards per
+    model block (one to start the block, one to verify the rest of it)."""
+    dec = spec_decoder(seed=1)
+    ar = causal_copy(dec)
+    ids = dec.tokenizer.encode(PROMPTS[0])
+    ref = ar.generate(ids, SPEC.replace(policy="threshold")).token_ids
+    state = dec.start(ids, SPEC)
+    answer = torch.arange(state.prompt_len, state.prompt_len + len(ref))
+    while not state.finished:
+        dec.step([state])
+        state.speculation.drafts[answer] = torch.tensor(ref)
+    assert state.answer_ids == ref
+    blocks = -(-(state.prompt_len + len(ref)) // 8) - state.prompt_len // 8
+    assert state.stats.forwards <= 2 * blocks
+    assert state.stats.tokens_per_forward > 3
+
+
+def test_wrong_drafts_change_nothing_but_the_forward_count():
+    dec = spec_decoder(seed=2)
+    ids = dec.tokenizer.encode(PROMPTS[1])
+    plain = dec.generate(ids, SPEC)
+    state = dec.start(ids, SPEC)
+    while not state.finished:
+        dec.step([state])
+        open_ = ~state.committed
+        state.speculation.drafts[open_] = dec.tokenizer.encode("zzzz")[0]  # one fixed token: wrong nearly everywhere
+    assert state.answer_ids == plain.token_ids
+    assert state.stats.forwards >= plain.stats.forwards
+
+
+def test_cache_and_batching_do_not_change_the_output():
+    dec = spec_decoder(seed=3)
+    alone = [dec.generate(p, SPEC).token_ids for p in PROMPTS]
+    assert alone == [dec.generate(p, SPEC.replace(cache="none")).token_ids for p in PROMPTS]
+    states = [dec.start(dec.tokenizer.encode(p), SPEC) for p in PROMPTS]
+    other = dec.start(dec.tokenizer.encode("mixed in"), SPEC.replace(policy="threshold"))
+    while not all(s.finished for s in states):
+        dec.step([*states, other])
+    assert [s.answer_ids for s in states] == alone
+
+
+def test_sampling_is_reproducible_with_a_seed():
+    dec = spec_decoder(seed=4, scale=3.0)
+    params = SPEC.replace(temperature=1.0, seed=11)
+    a = dec.generate(PROMPTS[0], params).token_ids
+    assert a == dec.generate(PROMPTS[0], params).token_ids
+    assert len(a) == 30
+
+
+def test_models_that_cannot_verify_are_refused():
+    tok = tiny_tokenizer()
+    ids = tok.encode(PROMPTS[0])
+    for model in (tiny_model("bidirectional"), tiny_model("block_causal", token_shift=True)):
+        with pytest.raises(ValueError, match="causal_context"):
+            Decoder(model, tok).start(ids, SPEC)
+    with pytest.raises(ValueError, match="remask"):
+        spec_decoder().start(ids, SPEC.replace(remask_threshold=0.5))
+    # a causal model has nothing to speculate with: it decodes as it always does
+    ar = Decoder(tiny_model("causal"), tok)
+    assert ar.generate(ids, SPEC).token_ids == ar.generate(ids, SPEC.replace(policy="threshold")).token_ids
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_constrained_output_stays_valid(seed):
+    dec = spec_decoder(seed=seed, scale=3.0)
+    tok = dec.tokenizer
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer"},
+                       "ok": {"type": "boolean"}},
+        "required": ["name", "n", "ok"],
+        "additionalProperties": False,
+    }
+    params = SamplingParams(max_tokens=80, temperature=1.0, seed=seed, policy="self_speculative")
+    for constraint in (json_schema_constraint(schema, tok), json_object_constraint(tok)):
+        state = dec.start(tok.encode("Answer in JSON:"), params, constraint)
+        dec.run(state)
+        text, _ = constrained_text(state, tok)
+        assert state.finish_reason == "stop", text
+        value = json.loads(text)
+        if constraint.__class__.__name__ != "JsonObjectConstraint":
+            jsonschema.validate(value, schema)
+        else:
+            assert isinstance(value, dict)
