@@ -129,3 +129,16 @@ def test_constrained_output_stays_valid(seed):
             jsonschema.validate(value, schema)
         else:
             assert isinstance(value, dict)
+
+
+def test_high_reasoning_effort_keeps_verified_decoding():
+    """The API's reasoning_effort: "high" means one token per step, except for a model whose default is
+    verified decoding (already its own causal answer); the faster efforts still trade quality for speed."""
+    from quicksilver.api.protocol import ChatCompletionRequest
+    from quicksilver.api.server import build_params
+
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+    verified = SamplingParams(policy="self_speculative")
+    assert build_params(req, verified, 4, 1024, 16, "high").policy == "self_speculative"
+    assert build_params(req, verified, 4, 1024, 16, "low").policy == "threshold"
+    assert build_params(req, SamplingParams(), 4, 1024, 16, "high").policy == "low_confidence"

@@ -10,7 +10,8 @@ canvas at every denoising step; each such delta replaces the previous one.
 
 ``reasoning_effort`` picks how many tokens a denoising step may commit (Mercury's "refinement steps"):
 ``instant``/``minimal``/``none`` threshold 0.7, ``low`` 0.8, ``medium`` 0.9, ``high``/``xhigh`` one
-token per step (low-confidence policy). Without it the model's generation defaults apply.
+token per step (low-confidence policy), or, for a model whose default policy is ``self_speculative``, that
+verified decoding. Without it the model's generation defaults apply.
 
 ``"retrieval"`` (with ``--index``): ``{"k": 5}`` puts passages for the last user message into the prompt;
 ``{"mode": "tool"}`` offers the built-in ``search_documents`` tool and runs it here, for a bounded number of
@@ -192,7 +193,9 @@ def build_params(
         changes["seed"] = req.seed
     if req.stop is not None:
         changes["stop"] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
-    if effort is not None:
+    if effort is not None and not (effort in ("high", "xhigh") and defaults.policy == "self_speculative"):
+        # a model that verifies its drafts already returns its own causal greedy answer: that is its most
+        # careful setting, better than one unverified token per step (docs/performance.md)
         changes.update(EFFORT_PARAMS[effort])
     try:
         return defaults.replace(**changes)

@@ -22,6 +22,7 @@ from quicksilver.bench.sweep import REFERENCE, speed_grid, sweep_grid
 from quicksilver.bench.workload import Config, run_interleaved, suite_prompts, summarise
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.decoding import Decoder
+from quicksilver.decoding.speculative import can_verify
 
 
 @dataclass
@@ -220,7 +221,8 @@ def run_bench(opts: BenchOptions) -> dict:
     if opts.sweep:
         block = diff_loaded.model.config.block_size
         grid = (speed_grid(_base_params(diff_loaded, opts), block) if opts.fixed_tpf
-                else sweep_grid(diff_loaded.defaults, block, opts.quick))
+                else sweep_grid(diff_loaded.defaults, block, opts.quick,
+                                speculative=can_verify(diff_loaded.model.config)))
         dec = decoders[("diffusion", head_v)]
         sweep_cfgs = [Config(label, dec, params) for label, params in grid]
         _log(f"sweep: {len(grid)} configs x {len(prompts)} prompts")

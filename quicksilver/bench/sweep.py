@@ -10,14 +10,19 @@ from quicksilver.sampling import SamplingParams
 REFERENCE = "1 token/step"
 
 
-def sweep_grid(base: SamplingParams, block_size: int, quick: bool = False) -> list[tuple[str, SamplingParams]]:
-    """(label, params) pairs; every entry keeps the base temperature and budget, greedy by default."""
+def sweep_grid(
+    base: SamplingParams, block_size: int, quick: bool = False, speculative: bool = False
+) -> list[tuple[str, SamplingParams]]:
+    """(label, params) pairs; every entry keeps the base temperature and budget, greedy by default.
+    ``speculative``: the model can verify its own drafts (causal context + token shift)."""
     p = base.replace(remask_threshold=None, edit_threshold=None)
     grid: list[tuple[str, SamplingParams]] = [(REFERENCE, p.replace(policy="low_confidence",
                                                                      steps_per_block=block_size))]
     taus = (0.7, 0.9) if quick else (0.5, 0.7, 0.9, 0.95)
     grid += [(f"threshold {t:g}", p.replace(policy="threshold", threshold=t)) for t in taus]
     grid += [(f"left_to_right {t:g}", p.replace(policy="left_to_right", threshold=t)) for t in (0.7, 0.9)]
+    if speculative:
+        grid.append(("self_speculative", p.replace(policy="self_speculative")))
     if not quick:
         grid += [("factor 1", p.replace(policy="factor", factor=1.0)), ("entropy 0.5", p.replace(policy="entropy",
                  entropy_bound=0.5)), ("margin 0.5", p.replace(policy="margin", margin=0.5))]

@@ -23,15 +23,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from quicksilver.sampling import sample_tokens
+from quicksilver.config import ModelConfig
+from quicksilver.sampling import SamplingParams, sample_tokens
 
 if TYPE_CHECKING:
     from quicksilver.decoding.denoise import DecodeState
 
 
-def check_supported(cfg, params) -> None:
-    """Raise ValueError unless a model with ``cfg`` can verify its own drafts."""
-    if not (cfg.attention_mode == "block_causal" and cfg.causal_context and cfg.token_shift):
+def can_verify(cfg: ModelConfig) -> bool:
+    """Whether a model's finished tokens are computed as a causal LM computes them (so it can check drafts)."""
+    return cfg.attention_mode == "block_causal" and cfg.causal_context and cfg.token_shift
+
+
+def check_supported(cfg: ModelConfig, params: SamplingParams) -> None:
+    """Raise ValueError unless a model with ``cfg`` can verify its own drafts under ``params``."""
+    if not can_verify(cfg):
         raise ValueError(
             "policy 'self_speculative' needs a block-causal model with causal_context and token_shift "
             "(its causal stream verifies the drafts)"
