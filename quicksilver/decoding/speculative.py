@@ -64,9 +64,11 @@ class Layout:
 class SelfSpeculation:
     """Per-request draft buffer, forward layout and verification walk."""
 
-    def __init__(self, length: int, mask_id: int, window: int = 8):
+    def __init__(self, length: int, mask_id: int, window: int = 8, span: int | None = None):
         self.mask_id = mask_id
         self.window = window  # drafts verified per forward
+        # noisy rows per forward: a little past what the next step can verify (two windows); 0 = rest of block
+        self.span = 2 * window + 4 if span is None else span
         self.drafts = torch.full((length,), mask_id, dtype=torch.long)
 
     def layout(self, state: DecodeState) -> tuple[Layout, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -81,11 +83,10 @@ class SelfSpeculation:
         clean_pos = torch.arange(c0, ce)
         # the noisy copy starts at the frontier: the verified tokens before it are read from their clean keys
         # (training showed the noisy block its committed tokens in-block; on the test suite reading them from
-        # the cache instead cost 2.01 -> 1.96 tokens per forward and saves most of the block's rows). It ends
-        # a little past what the next step can verify (two windows): 2.03 tokens per forward against 2.05
-        # with the whole rest of the block, in fewer rows.
+        # the cache instead saves most of the block's rows for a small loss in accepted drafts). It ends at
+        # ``span`` rows: docs/performance.md section 7 has the measured trade-offs.
         ns = f
-        ne = min(bs + mb, ns + 2 * self.window + 4)
+        ne = bs + mb if self.span == 0 else min(bs + mb, ns + self.span)
         noisy_pos = torch.arange(ns, ne)
         # the clean copy predicts the frontier and every fed position after it (not past the block's end)
         verify = torch.arange(f, min(ce, be - 1) + 1)

@@ -1,0 +1,69 @@
+"""Self-speculative decoding layouts: tokens per forward and time per forward on held-out suite prompts.
+
+    python benchmarks/speculative_layout.py [--model default] [--per-task 6] [--rounds 2]
+
+Each layout (draft window, noisy-copy span) decodes the same prompts greedily, one request at a time, in
+alternating rounds so machine noise is shared; the last column counts outputs that differ from the first
+layout's (in float32 there are none: verification is exact; in bf16 a near-tie can round either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from quicksilver.decoding import Decoder
+from quicksilver.decoding.speculative import SelfSpeculation
+from quicksilver.evaluate import eval_examples
+from quicksilver.loading import load_model
+from quicksilver.tasks import render_prompt
+
+TASKS = ["tool_call", "tool_answer", "json", "code", "infill", "word_problem", "agent_step"]
+LAYOUTS = [(8, None), (2, None), (4, None), (16, None), (8, 0), (8, 12)]  # (window, span; None = default, 0 = block)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--per-task", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--fp32", action="store_true", help="load in float32 (exactness check)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    loaded = load_model(args.model, dtype=torch.float32 if args.fp32 else None)
+    dec = Decoder(loaded.model, loaded.tokenizer, loaded.defaults)
+    params = loaded.defaults.replace(policy="self_speculative")
+    prompts = [render_prompt(ex, loaded.tokenizer) for t in TASKS for ex in eval_examples(t, args.per_task)]
+    totals = {lay: [0, 0, 0.0] for lay in LAYOUTS}
+    outputs: dict[tuple, list[list[int]]] = {}
+    dec.generate(prompts[0], params)  # warm-up
+    for _ in range(args.rounds):
+        for window, span in LAYOUTS:
+            outs = []
+            for prompt in prompts:
+                t0 = time.perf_counter()
+                state = dec.start(loaded.tokenizer.encode(prompt), params)
+                state.speculation = SelfSpeculation(len(state.tokens), state.mask_id, window, span)
+                r = dec.run(state)
+                tot = totals[(window, span)]
+                tot[0] += r.stats.tokens
+                tot[1] += r.stats.forwards
+                tot[2] += time.perf_counter() - t0
+                outs.append(r.token_ids)
+            outputs[(window, span)] = outs
+    first = outputs[LAYOUTS[0]]
+    print(f"{len(prompts)} prompts x {args.rounds} rounds, model {args.model}, {'fp32' if args.fp32 else 'bf16'}")
+    print("| window | noisy span | tokens/forward | ms/forward | tokens/s | outputs differing from the first |")
+    print("|---|---|---|---|---|---|")
+    for lay in LAYOUTS:
+        tokens, forwards, seconds = totals[lay]
+        diff = sum(a != b for a, b in zip(outputs[lay], first, strict=True))
+        span = "rest of block" if lay[1] == 0 else (2 * lay[0] + 4 if lay[1] is None else lay[1])
+        print(f"| {lay[0]} | {span} | {tokens / forwards:.2f} | {1000 * seconds / forwards:.1f} | "
+              f"{tokens / seconds:.0f} | {diff}/{len(prompts)} |")
+
+
+if __name__ == "__main__":
+    main()
