@@ -1,10 +1,13 @@
 """Self-speculative decoding layouts: tokens per forward and time per forward on held-out suite prompts.
 
     python benchmarks/speculative_layout.py [--model default] [--per-task 6] [--rounds 2]
+    python benchmarks/speculative_layout.py --batches 1,2,4,8,32 --per-task 4
 
 Each layout (draft window, noisy-copy span) decodes the same prompts greedily, one request at a time, in
 alternating rounds so machine noise is shared; the last column counts outputs that differ from the first
 layout's (in float32 there are none: verification is exact; in bf16 a near-tie can round either way).
+With ``--batches`` it instead decodes the prompts in groups of each size through ``Decoder.step`` (one forward
+per step for the whole group, as the engine does) for draft windows 8, 4 and 2, and prints tokens/s.
 """
 
 from __future__ import annotations
@@ -30,12 +33,15 @@ def main() -> None:
     ap.add_argument("--per-task", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--fp32", action="store_true", help="load in float32 (exactness check)")
+    ap.add_argument("--batches", help="comma-separated group sizes: tokens/s per draft window when batched")
     args = ap.parse_args()
     torch.set_num_threads(1)
     loaded = load_model(args.model, dtype=torch.float32 if args.fp32 else None)
     dec = Decoder(loaded.model, loaded.tokenizer, loaded.defaults)
     params = loaded.defaults.replace(policy="self_speculative")
     prompts = [render_prompt(ex, loaded.tokenizer) for t in TASKS for ex in eval_examples(t, args.per_task)]
+    if args.batches:
+        return batched(dec, params, prompts, [int(b) for b in args.batches.split(",")])
     totals = {lay: [0, 0, 0.0] for lay in LAYOUTS}
     outputs: dict[tuple, list[list[int]]] = {}
     dec.generate(prompts[0], params)  # warm-up
@@ -63,6 +69,25 @@ def main() -> None:
         span = "rest of block" if lay[1] == 0 else (2 * lay[0] + 4 if lay[1] is None else lay[1])
         print(f"| {lay[0]} | {span} | {tokens / forwards:.2f} | {1000 * seconds / forwards:.1f} | "
               f"{tokens / seconds:.0f} | {diff}/{len(prompts)} |")
+
+
+def batched(dec: Decoder, params, prompts: list[str], sizes: list[int]) -> None:
+    print(f"{len(prompts)} prompts, groups decoded with one forward per step")
+    print("| requests per forward | window 8 tok/s | window 4 tok/s | window 2 tok/s |")
+    print("|---|---|---|---|")
+    for size in sizes:
+        row = []
+        for window in (8, 4, 2):
+            t0, tokens = time.perf_counter(), 0
+            for i in range(0, len(prompts), size):
+                states = [dec.start(dec.tokenizer.encode(p), params) for p in prompts[i : i + size]]
+                for st in states:
+                    st.speculation = SelfSpeculation(len(st.tokens), st.mask_id, window)
+                while not all(st.finished for st in states):
+                    dec.step(states)
+                tokens += sum(st.stats.tokens for st in states)
+            row.append(f"{tokens / (time.perf_counter() - t0):.0f}")
+        print(f"| {size} | " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

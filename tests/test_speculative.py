@@ -142,3 +142,16 @@ def test_high_reasoning_effort_keeps_verified_decoding():
     assert build_params(req, verified, 4, 1024, 16, "high").policy == "self_speculative"
     assert build_params(req, verified, 4, 1024, 16, "low").policy == "threshold"
     assert build_params(req, SamplingParams(), 4, 1024, 16, "high").policy == "low_confidence"
+
+
+def test_draft_window_shrinks_when_many_requests_share_a_forward():
+    dec = spec_decoder(seed=5)
+    states = [dec.start(dec.tokenizer.encode(p), SPEC) for p in PROMPTS * 3]
+    dec.step(states)
+    assert {s.speculation.window for s in states} == {2}
+    alone = dec.start(dec.tokenizer.encode(PROMPTS[0]), SPEC)
+    dec.step([alone])
+    assert alone.speculation.window == 8
+    while not all(s.finished for s in states):
+        dec.step(states)
+    assert [s.answer_ids for s in states[:4]] == [dec.generate(p, SPEC).token_ids for p in PROMPTS]

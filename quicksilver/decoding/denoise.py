@@ -425,6 +425,9 @@ class Decoder:
         live = [s for s in states if not s.finished]
         if not live:
             return
+        speculating = [s.speculation for s in live if s.speculation is not None]
+        for spec in speculating:
+            spec.set_batch(len(speculating))
         plans = [s.plan() for s in live]
         # ONE forward for every state, inputs packed without padding (an admitted prompt's prefill rides along
         # with the one-block decode steps of the others), then ONE vocabulary projection for all wanted rows

@@ -61,15 +61,41 @@ class Layout:
         return self.clean_start + self.fed.numel()
 
 
+# Draft window by how many speculating requests share a forward. Every request adds about 3 x window + 5 rows,
+# and on this CPU a forward's time jumps once its rows pass a few dozen. `benchmarks/speculative_layout.py
+# --batches 1,2,4,8,32`, tokens/s for windows 8 / 4 / 2 (session 12, under training load, noisy): 1 request
+# 216 / 225 / 174, 2: 238 / 260 / 245, 4: 288 / 361 / 389, 8: 400 / 459 / 381, 32: 369 / 376 / 395; one request
+# alone, 2 rounds of the layout table: 175 / 158 / 162 (docs/performance.md section 7).
+WINDOWS = ((1, 8), (8, 4))  # (up to this many requests, window); more requests: 2
+
+
+def window_for_batch(n_states: int) -> int:
+    for most, window in WINDOWS:
+        if n_states <= most:
+            return window
+    return 2
+
+
 class SelfSpeculation:
     """Per-request draft buffer, forward layout and verification walk."""
 
-    def __init__(self, length: int, mask_id: int, window: int = 8, span: int | None = None):
+    def __init__(self, length: int, mask_id: int, window: int | None = None, span: int | None = None):
         self.mask_id = mask_id
-        self.window = window  # drafts verified per forward
-        # noisy rows per forward: a little past what the next step can verify (two windows); 0 = rest of block
-        self.span = 2 * window + 4 if span is None else span
+        self.fixed_window = window  # None: chosen per step from the batch size (see window_for_batch)
+        self.window = window or WINDOWS[0][1]  # drafts verified per forward
+        self.fixed_span = span
         self.drafts = torch.full((length,), mask_id, dtype=torch.long)
+
+    def set_batch(self, n_states: int) -> None:
+        """Fit the layout to a forward shared by ``n_states`` speculating requests."""
+        if self.fixed_window is None:
+            self.window = window_for_batch(n_states)
+
+    @property
+    def span(self) -> int:
+        """Noisy rows per forward: a little past what the next step can verify (two windows); 0 = the rest
+        of the block."""
+        return 2 * self.window + 4 if self.fixed_span is None else self.fixed_span
 
     def layout(self, state: DecodeState) -> tuple[Layout, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The forward for this step: (layout, input ids, positions, attention mask [T, cached + T])."""
