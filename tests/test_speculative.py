@@ -26,9 +26,22 @@ def spec_decoder(seed: int = 0, scale: float = 20.0) -> Decoder:
     return Decoder(model, tiny_tokenizer())
 
 
+def varied_decoder(seed: int = 0, scale: float = 8.0) -> Decoder:
+    """A model whose next token is a fixed permutation of the current one, plus noise: varied, confident
+    answers (a random model tends to repeat itself, which hides ordering bugs)."""
+    model = tiny_model("block_causal", seed=seed, token_shift=True, causal_context=True, tie_word_embeddings=False)
+    perm = torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(seed + 100))
+    with torch.no_grad():
+        emb = model.embed_tokens.weight
+        head = torch.zeros_like(model.lm_head.weight)
+        head[perm] = emb / emb.norm(dim=1, keepdim=True)
+        model.lm_head.weight.copy_(scale * head + model.lm_head.weight)
+    return Decoder(model, tiny_tokenizer())
+
+
 def causal_copy(dec: Decoder) -> Decoder:
     """The same weights run as a plain causal model (what the clean stream computes)."""
-    model = tiny_model("causal", token_shift=True)
+    model = tiny_model("causal", token_shift=True, tie_word_embeddings=dec.model.config.tie_word_embeddings)
     model.load_state_dict(dec.model.state_dict())
     return Decoder(model, dec.tokenizer)
 
@@ -155,3 +168,50 @@ def test_draft_window_shrinks_when_many_requests_share_a_forward():
     while not all(s.finished for s in states):
         dec.step(states)
     assert [s.answer_ids for s in states[:4]] == [dec.generate(p, SPEC).token_ids for p in PROMPTS]
+
+
+def _with_perfect_drafts(dec: Decoder, ids: list[int], params: SamplingParams, answer: list[int], constraint=None):
+    state = dec.start(ids, params, constraint)
+    at = torch.arange(state.prompt_len, state.prompt_len + len(answer))
+    while not state.finished:
+        dec.step([state])
+        state.speculation.drafts[at] = torch.tensor(answer)
+    return state
+
+
+def test_seeded_samples_do_not_depend_on_the_batch():
+    """Only committed positions draw from the request's generator, so the draft window (which follows the
+    batch size) cannot change a seeded answer."""
+    dec = spec_decoder(seed=6, scale=3.0)
+    params = SPEC.replace(temperature=1.0, seed=3)
+    alone = dec.generate(PROMPTS[0], params).token_ids
+    states = [dec.start(dec.tokenizer.encode(PROMPTS[0]), params)]
+    states += [dec.start(dec.tokenizer.encode(p), SPEC.replace(temperature=1.0, seed=9)) for p in PROMPTS * 2]
+    while not all(s.finished for s in states):
+        dec.step(states)
+    assert states[0].answer_ids == alone
+
+
+def test_stop_strings_end_where_one_token_at_a_time_decoding_ends():
+    dec = varied_decoder()
+    ar = causal_copy(dec)
+    ids = dec.tokenizer.encode(PROMPTS[0])
+    full = ar.generate(ids, SPEC.replace(policy="threshold")).token_ids
+    params = SPEC.replace(stop=(dec.tokenizer.decode(full[5:6]),))
+    ref = ar.generate(ids, params.replace(policy="threshold"))
+    spec = dec.result(_with_perfect_drafts(dec, ids, params, full))
+    assert (spec.text, spec.token_ids, spec.stats.tokens) == (ref.text, ref.token_ids, ref.stats.tokens)
+    assert spec.finish_reason == "stop"
+
+
+def test_constrained_walk_stops_when_the_constraint_is_satisfied():
+    dec = varied_decoder(scale=3.0)
+    ar = causal_copy(dec)
+    tok = dec.tokenizer
+    ids = tok.encode("Answer in JSON:")
+    params = SamplingParams(max_tokens=90, policy="self_speculative", ignore_eos=True)
+    ref = ar.start(ids, params.replace(policy="threshold"), json_object_constraint(tok))
+    ar.run(ref)
+    spec = _with_perfect_drafts(dec, ids, params, ref.answer_ids, json_object_constraint(tok))
+    assert spec.answer_ids == ref.answer_ids
+    assert spec.stats.tokens == ref.stats.tokens

@@ -295,7 +295,7 @@ class DecodeState:
             self.stats.forwards += 1
             self.stats.steps += 1
             before = self.frontier
-            self.stats.committed += self.speculation.apply(self, plan.speculative, logits)
+            self.stats.committed += self.speculation.apply(self, plan.speculative, logits, decoder.tokenizer)
             if self.stats.first_token_time is None and before == self.prompt_len and bool(self.committed[before]):
                 self.stats.first_token_time = time.perf_counter()
             self.step_in_block += 1

@@ -28,6 +28,7 @@ from quicksilver.sampling import SamplingParams, sample_tokens
 
 if TYPE_CHECKING:
     from quicksilver.decoding.denoise import DecodeState
+    from quicksilver.tokenizer import Tokenizer
 
 
 def can_verify(cfg: ModelConfig) -> bool:
@@ -137,22 +138,27 @@ class SelfSpeculation:
         noisy_rows = lay.fed.numel() + lay.draft_positions - 1 - lay.noisy_start
         return torch.cat([clean_rows, noisy_rows])
 
-    def apply(self, state: DecodeState, lay: Layout, logits: torch.Tensor) -> int:
-        """Verify and commit from the frontier, store new drafts; returns how many tokens were committed."""
+    def apply(self, state: DecodeState, lay: Layout, logits: torch.Tensor, tokenizer: Tokenizer) -> int:
+        """Verify and commit from the frontier, store new drafts; returns how many tokens were committed.
+
+        Only the committed positions draw from the request's generator, one draw each, in order, so a seeded
+        answer does not depend on the draft window (or on what else shares the forward). Drafts are greedy:
+        they are proposals, and verification makes the answer the same whatever they are."""
         params, constraint = state.params, state.constraint
         logits[:, self.mask_id] = float("-inf")
         n_verify = lay.verify_positions.numel()
         verify_logits, draft_logits = logits[:n_verify], logits[n_verify:]
-        if constraint is None:
-            ar_tokens = sample_tokens(verify_logits, params, state.generator)[0]
+        greedy = verify_logits.argmax(-1) if params.temperature == 0 and constraint is None else None
         stop_on_end = not params.ignore_eos
         ends = set(state.end_ids.tolist())
         c0, ce = lay.clean_start, lay.clean_end
         committed = 0
         for i, pos in enumerate(lay.verify_positions.tolist()):
             if not bool(state.committed[pos]):
-                if constraint is None:
-                    tok = int(ar_tokens[i])
+                if greedy is not None:
+                    tok = int(greedy[i])
+                elif constraint is None:
+                    tok = int(sample_tokens(verify_logits[i : i + 1], params, state.generator)[0][0])
                 else:
                     at = torch.tensor([pos])
                     row = constraint.mask_logits(state, at, verify_logits[i : i + 1].clone())
@@ -163,11 +169,22 @@ class SelfSpeculation:
                 state.tokens[pos] = tok
                 state.committed[pos] = True
                 committed += 1
+                # stop where one-token-at-a-time decoding would: at an end token, when the constraint is
+                # satisfied, or once a stop string has appeared
                 if stop_on_end and tok in ends:
+                    break
+                if constraint is not None and constraint.finished(state):
+                    break
+                if params.stop and _stop_seen(state, pos, tokenizer):
                     break
             # the next clean output was computed from what was fed here: usable only if that is what stands
             if pos >= ce or int(lay.fed[pos - c0]) != int(state.tokens[pos]):
                 break
         if lay.draft_positions.numel():
-            self.drafts[lay.draft_positions] = sample_tokens(draft_logits, params, state.generator)[0]
+            self.drafts[lay.draft_positions] = draft_logits.argmax(-1)
         return committed
+
+
+def _stop_seen(state: DecodeState, pos: int, tokenizer: Tokenizer) -> bool:
+    text = tokenizer.decode(state.tokens[state.prompt_len : pos + 1].tolist())
+    return any(stop in text for stop in state.params.stop)
