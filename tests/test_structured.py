@@ -8,11 +8,13 @@ from decimal import Decimal
 
 import jsonschema
 import pytest
+import torch
 
 from quicksilver.decoding import Decoder
 from quicksilver.sampling import SamplingParams
 from quicksilver.structured import (
     UnsupportedSchema,
+    auto_tool_constraint,
     constrained_text,
     json_object_constraint,
     json_schema_constraint,
@@ -21,6 +23,7 @@ from quicksilver.structured import (
 )
 from quicksilver.structured import values as V
 from quicksilver.testing import tiny_model, tiny_tokenizer
+from quicksilver.tokenizer import TOOL_CALLS
 
 MODES = ["block_causal", "bidirectional", "causal"]
 
@@ -480,3 +483,26 @@ def test_slot_filler_is_not_counted_as_output_tokens(tok):
     filler = constraint.lex.filler_id
     assert filler in result.token_ids  # a random model leaves most of the slot empty
     assert result.stats.tokens == sum(1 for t in result.token_ids if t != filler)
+
+
+@pytest.mark.parametrize("layout", ["lazy", "fixed"])
+def test_auto_tool_choice_pins_the_call_in_either_layout(tok, layout):
+    """A model that opens with the tool-call marker gets its call pinned; with the fixed layout the skeleton's
+    pins must be written too (they once were dropped and decoding never advanced)."""
+    model = tiny_model("causal", seed=1, tie_word_embeddings=False)
+    marker = tok.token_id(TOOL_CALLS)
+    with torch.no_grad():  # point the marker's output row along the model's mean hidden state
+        ids = torch.randint(5, 300, (1, 64), generator=torch.Generator().manual_seed(0))
+        direction = model(ids)[0][0].mean(0)
+        model.lm_head.weight[marker] = 50 * direction / direction.norm()
+    dec = Decoder(model, tok)
+    c = auto_tool_constraint(TOOLS, tok, max_tokens=90, layout=layout)
+    state = dec.start(tok.encode("Answer in JSON:"), SamplingParams(max_tokens=90), c)
+    for _ in range(200):
+        if state.finished:
+            break
+        dec.step([state])
+    assert state.finished
+    assert state.answer_ids[0] == marker
+    calls = parse_tool_calls(dec.result(state).text, TOOLS)
+    assert calls and len(calls) == 1

@@ -183,11 +183,14 @@ class AutoToolConstraint(Constraint):
         if not bool(out.any()):
             return out
         if int(tokens[first][0]) == self.marker:
-            try:
-                self.calls.pinned_tokens(state)  # pins the call skeleton from the answer's start (marker included)
+            try:  # pin the call skeleton from the answer's start (marker included)
+                pins = self.calls.pinned_tokens(state)
             except ValueError:  # no call fits this request's canvas: stay free
                 self._mode[state] = "free"
                 return out
+            for pos, tok in pins.items():  # a fixed layout returns its pins; a lazy one writes them as it goes
+                state.tokens[pos] = tok
+                state.committed[pos] = state.fixed[pos] = True
             self._mode[state] = "call"
             return torch.zeros_like(keep)  # the marker position is pinned now
         self._mode[state] = "free"
