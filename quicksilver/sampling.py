@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -16,9 +16,7 @@ PolicyName = Literal[
     "low_confidence", "threshold", "left_to_right", "factor", "entropy", "margin", "self_speculative"
 ]
 CacheMode = Literal["auto", "none", "prefix", "dual"]
-POLICIES: tuple[str, ...] = (
-    "low_confidence", "threshold", "left_to_right", "factor", "entropy", "margin", "self_speculative"
-)
+POLICIES: tuple[str, ...] = get_args(PolicyName)
 
 
 @dataclass(frozen=True)

@@ -118,12 +118,12 @@ class DecodeState:
         self.end_ids = torch.tensor(cfg.end_token_ids)
         self.model_block = 1 if self.mode == "causal" else cfg.block_size
         # a causal model already commits one verified token per forward: it has nothing to speculate with
-        self.speculation: SelfSpeculation | None = None
-        if params.policy == "self_speculative" and self.mode != "causal":
+        speculating = params.policy == "self_speculative" and self.mode != "causal"
+        if speculating:
             check_supported(cfg, params)
         if self.mode == "causal":
             self.block = 1
-        elif params.policy == "self_speculative":
+        elif speculating:
             self.block = cfg.block_size  # the noisy copy is always one whole model block
         else:
             self.block = params.block_size or (cfg.block_size if self.mode == "block_causal" else 32)
@@ -150,8 +150,7 @@ class DecodeState:
         self.committed = torch.zeros(buf_len, dtype=torch.bool)
         self.committed[: self.prompt_len] = True
         self.fixed = self.committed.clone()  # prompt and pinned tokens: never sampled, never revised
-        if params.policy == "self_speculative" and self.mode != "causal":
-            self.speculation = SelfSpeculation(buf_len, self.mask_id)
+        self.speculation = SelfSpeculation(buf_len, self.mask_id) if speculating else None
         self.generator = make_generator(params.seed)
         self.policy: UnmaskPolicy = make_unmask_policy(params)
         self.correction = SelfCorrection.from_params(params, self.block)
@@ -291,18 +290,20 @@ class DecodeState:
 
     # -- applying a step -------------------------------------------------------------------------------
     def apply(self, plan: _Plan, logits: torch.Tensor, decoder: Decoder) -> None:
-        if plan.speculative is not None:
-            self.stats.forwards += 1
-            self.stats.steps += 1
-            before = self.frontier
-            self.stats.committed += self.speculation.apply(self, plan.speculative, logits, decoder.tokenizer)
-            if self.stats.first_token_time is None and before == self.prompt_len and bool(self.committed[before]):
-                self.stats.first_token_time = time.perf_counter()
-            self.step_in_block += 1
-            return self._after_commit(decoder)
-        positions = plan.logit_positions
         self.stats.forwards += 1
         self.stats.steps += 1
+        if plan.speculative is not None:
+            pos = self.speculation.apply(self, plan.speculative, logits, decoder.tokenizer)
+        else:
+            pos = self._unmask(plan.logit_positions, logits)
+        self.stats.committed += int(pos.numel())
+        if self.stats.first_token_time is None and bool((pos == self.prompt_len).any()):
+            self.stats.first_token_time = time.perf_counter()
+        self.step_in_block += 1
+        self._after_commit(decoder)
+
+    def _unmask(self, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Revise and commit from this step's logits at ``positions``; returns the positions committed."""
         logits[:, self.mask_id] = float("-inf")  # the model never "predicts" a mask
         if self.constraint is not None:
             logits = self.constraint.mask_logits(self, positions, logits)
@@ -327,26 +328,23 @@ class DecodeState:
             self.stats.remasked += n_rev
         # 2. commit some of the positions that were masked at the start of this step
         cand = is_open.nonzero().flatten()
-        if cand.numel():
-            ctx = StepContext(self.step_in_block, self.block_end - self.block_start)
-            keep = self.policy.select(conf[cand], probs[cand], ctx)
-            if self.shift and self.mode == "block_causal":
-                # the first token of a model block is predicted from the previous block; once that block is
-                # finished nothing can change the prediction, so commit it at once (Fast-dLLM v2 appends it
-                # greedily before decoding the rest of the block)
-                first = positions[cand]
-                keep = keep | ((first % self.model_block == 0) & (first == self.frontier))
-            if self.constraint is not None:
-                keep = self.constraint.allow_commits(self, positions[cand], tokens[cand], keep)
-            chosen = cand[keep]
-            pos = positions[chosen]
-            self.tokens[pos] = tokens[chosen]
-            self.committed[pos] = True
-            self.stats.committed += int(pos.numel())
-            if self.stats.first_token_time is None and bool((pos == self.prompt_len).any()):
-                self.stats.first_token_time = time.perf_counter()
-        self.step_in_block += 1
-        self._after_commit(decoder)
+        if not cand.numel():
+            return positions[cand]  # nothing was open
+        ctx = StepContext(self.step_in_block, self.block_end - self.block_start)
+        keep = self.policy.select(conf[cand], probs[cand], ctx)
+        if self.shift and self.mode == "block_causal":
+            # the first token of a model block is predicted from the previous block; once that block is
+            # finished nothing can change the prediction, so commit it at once (Fast-dLLM v2 appends it
+            # greedily before decoding the rest of the block)
+            first = positions[cand]
+            keep = keep | ((first % self.model_block == 0) & (first == self.frontier))
+        if self.constraint is not None:
+            keep = self.constraint.allow_commits(self, positions[cand], tokens[cand], keep)
+        chosen = cand[keep]
+        pos = positions[chosen]
+        self.tokens[pos] = tokens[chosen]
+        self.committed[pos] = True
+        return pos
 
     def _after_commit(self, decoder: Decoder) -> None:
         bs, be = self.block_start, self.block_end

@@ -138,8 +138,8 @@ class SelfSpeculation:
         noisy_rows = lay.fed.numel() + lay.draft_positions - 1 - lay.noisy_start
         return torch.cat([clean_rows, noisy_rows])
 
-    def apply(self, state: DecodeState, lay: Layout, logits: torch.Tensor, tokenizer: Tokenizer) -> int:
-        """Verify and commit from the frontier, store new drafts; returns how many tokens were committed.
+    def apply(self, state: DecodeState, lay: Layout, logits: torch.Tensor, tokenizer: Tokenizer) -> torch.Tensor:
+        """Verify and commit from the frontier, store new drafts; returns the positions committed.
 
         Only the committed positions draw from the request's generator, one draw each, in order, so a seeded
         answer does not depend on the draft window (or on what else shares the forward). Drafts are greedy:
@@ -152,7 +152,7 @@ class SelfSpeculation:
         stop_on_end = not params.ignore_eos
         ends = set(state.end_ids.tolist())
         c0, ce = lay.clean_start, lay.clean_end
-        committed = 0
+        committed: list[int] = []
         for i, pos in enumerate(lay.verify_positions.tolist()):
             if not bool(state.committed[pos]):
                 if greedy is not None:
@@ -168,7 +168,7 @@ class SelfSpeculation:
                     tok = int(pick[0])
                 state.tokens[pos] = tok
                 state.committed[pos] = True
-                committed += 1
+                committed.append(pos)
                 # stop where one-token-at-a-time decoding would: at an end token, when the constraint is
                 # satisfied, or once a stop string has appeared
                 if stop_on_end and tok in ends:
@@ -182,7 +182,7 @@ class SelfSpeculation:
                 break
         if lay.draft_positions.numel():
             self.drafts[lay.draft_positions] = draft_logits.argmax(-1)
-        return committed
+        return torch.tensor(committed, dtype=torch.long)
 
 
 def _stop_seen(state: DecodeState, pos: int, tokenizer: Tokenizer) -> bool:
