@@ -17,11 +17,10 @@ import time
 
 import torch
 
+from quicksilver.bench.workload import suite_prompts
 from quicksilver.decoding import Decoder
 from quicksilver.decoding.speculative import SelfSpeculation
-from quicksilver.evaluate import eval_examples
 from quicksilver.loading import load_model
-from quicksilver.tasks import render_prompt
 
 TASKS = ["tool_call", "tool_answer", "json", "code", "infill", "word_problem", "agent_step"]
 LAYOUTS = [(8, None), (2, None), (4, None), (16, None), (8, 0), (8, 12)]  # (window, span; None = default, 0 = block)
@@ -39,7 +38,7 @@ def main() -> None:
     loaded = load_model(args.model, dtype=torch.float32 if args.fp32 else None)
     dec = Decoder(loaded.model, loaded.tokenizer, loaded.defaults)
     params = loaded.defaults.replace(policy="self_speculative")
-    prompts = [render_prompt(ex, loaded.tokenizer) for t in TASKS for ex in eval_examples(t, args.per_task)]
+    prompts = [p.ids for p in suite_prompts(loaded.tokenizer, TASKS, args.per_task)]
     if args.batches:
         return batched(dec, params, prompts, [int(b) for b in args.batches.split(",")])
     totals = {lay: [0, 0, 0.0] for lay in LAYOUTS}
@@ -50,7 +49,7 @@ def main() -> None:
             outs = []
             for prompt in prompts:
                 t0 = time.perf_counter()
-                state = dec.start(loaded.tokenizer.encode(prompt), params)
+                state = dec.start(prompt, params)
                 state.speculation = SelfSpeculation(len(state.tokens), state.mask_id, window, span)
                 r = dec.run(state)
                 tot = totals[(window, span)]
@@ -71,7 +70,7 @@ def main() -> None:
               f"{tokens / seconds:.0f} | {diff}/{len(prompts)} |")
 
 
-def batched(dec: Decoder, params, prompts: list[str], sizes: list[int]) -> None:
+def batched(dec: Decoder, params, prompts: list[list[int]], sizes: list[int]) -> None:
     print(f"{len(prompts)} prompts, groups decoded with one forward per step")
     print("| requests per forward | window 8 tok/s | window 4 tok/s | window 2 tok/s |")
     print("|---|---|---|---|")
@@ -80,7 +79,7 @@ def batched(dec: Decoder, params, prompts: list[str], sizes: list[int]) -> None:
         for window in (8, 4, 2):
             t0, tokens = time.perf_counter(), 0
             for i in range(0, len(prompts), size):
-                states = [dec.start(dec.tokenizer.encode(p), params) for p in prompts[i : i + size]]
+                states = [dec.start(p, params) for p in prompts[i : i + size]]
                 for st in states:
                     st.speculation = SelfSpeculation(len(st.tokens), st.mask_id, window)
                 while not all(st.finished for st in states):

@@ -15,11 +15,11 @@ import dataclasses
 
 import torch
 
+from quicksilver.bench.workload import suite_prompts
 from quicksilver.decoding import Decoder
-from quicksilver.evaluate import eval_examples
 from quicksilver.loading import load_model
 from quicksilver.model import Transformer
-from quicksilver.tasks import TASKS, render_prompt
+from quicksilver.tasks import TASKS
 
 
 def main() -> None:
@@ -37,14 +37,12 @@ def main() -> None:
     spec = Decoder(loaded.model, loaded.tokenizer, loaded.defaults.replace(policy="self_speculative"))
     ar = Decoder(causal, loaded.tokenizer, loaded.defaults.replace(policy="threshold"))
     same = total = tokens = forwards = 0
-    for task in TASKS:
-        for ex in eval_examples(task, args.n):
-            prompt = render_prompt(ex, loaded.tokenizer)
-            a, b = spec.generate(prompt), ar.generate(prompt)
-            same += a.token_ids == b.token_ids
-            total += 1
-            tokens += a.stats.tokens
-            forwards += a.stats.forwards
+    for prompt in suite_prompts(loaded.tokenizer, list(TASKS), args.n):
+        a, b = spec.generate(prompt.ids), ar.generate(prompt.ids)
+        same += a.token_ids == b.token_ids
+        total += 1
+        tokens += a.stats.tokens
+        forwards += a.stats.forwards
     print(f"{args.model} ({'bf16' if args.bf16 else 'fp32'}): {same}/{total} answers identical to causal greedy "
           f"decoding; self_speculative {tokens / forwards:.2f} tokens/forward")
 
