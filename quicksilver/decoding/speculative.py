@@ -64,9 +64,9 @@ class Layout:
 
 # Draft window by how many speculating requests share a forward. Every request adds about 3 x window + 5 rows,
 # and on this CPU a forward's time jumps once its rows pass a few dozen. `benchmarks/speculative_layout.py
-# --batches 1,2,4,8,32`, tokens/s for windows 8 / 4 / 2 (session 12, under training load, noisy): 1 request
-# 216 / 225 / 174, 2: 238 / 260 / 245, 4: 288 / 361 / 389, 8: 400 / 459 / 381, 32: 369 / 376 / 395; one request
-# alone, 2 rounds of the layout table: 175 / 158 / 162 (docs/performance.md section 7).
+# --batches 1,2,4,8,32` on the 12,400-step default (session 12, under training load, noisy), tokens/s for
+# windows 8 / 4 / 2: 1 request 216 / 225 / 174, 2: 238 / 260 / 245, 4: 288 / 361 / 389, 8: 400 / 459 / 381,
+# 32: 369 / 376 / 395; one request alone, 2 rounds of the layout table: 175 / 158 / 162 (docs/performance.md).
 WINDOWS = ((1, 8), (8, 4))  # (up to this many requests, window); more requests: 2
 
 
