@@ -19,7 +19,7 @@ from quicksilver.bench.workload import suite_prompts
 from quicksilver.decoding import Decoder
 from quicksilver.loading import load_model
 from quicksilver.model import Transformer
-from quicksilver.tasks import TASKS
+from quicksilver.tasks import SUITE
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
     spec = Decoder(loaded.model, loaded.tokenizer, loaded.defaults.replace(policy="self_speculative"))
     ar = Decoder(causal, loaded.tokenizer, loaded.defaults.replace(policy="threshold"))
     same = total = tokens = forwards = 0
-    for prompt in suite_prompts(loaded.tokenizer, list(TASKS), args.n):
+    for prompt in suite_prompts(loaded.tokenizer, list(SUITE), args.n):
         a, b = spec.generate(prompt.ids), ar.generate(prompt.ids)
         same += a.token_ids == b.token_ids
         total += 1

@@ -21,7 +21,7 @@ import torch
 
 from quicksilver.evaluate import eval_examples
 from quicksilver.loading import load_model
-from quicksilver.tasks import TASKS, render
+from quicksilver.tasks import SUITE, render
 
 
 @torch.no_grad()
@@ -50,7 +50,7 @@ def answer_nll(model, prompt_ids: list[int], answer_ids: list[int]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["default", "ar-twin"])
-    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--tasks", default=",".join(SUITE))
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()

@@ -23,7 +23,7 @@ from typing import Any
 
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.sampling import SamplingParams
-from quicksilver.tasks import TASKS, Example, get_task, render_prompt
+from quicksilver.tasks import SUITE, Example, get_task, render_prompt
 from quicksilver.tokenizer import TOOL_CALLS, Tokenizer
 
 EVAL_SEED = 20251202
@@ -138,7 +138,7 @@ def evaluate(
     from quicksilver.decoding import Decoder
     from quicksilver.structured.request import constraint_factory
 
-    names = list(tasks) if tasks else list(TASKS)
+    names = list(tasks) if tasks else list(SUITE)
     for name in names:
         get_task(name)  # unknown names fail before any decoding
     if n < 1:

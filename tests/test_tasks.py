@@ -103,6 +103,12 @@ def _corruptions(ex: Example) -> list[str]:
             json.dumps([call]),  # no marker
             "I do not know.",
         ]
+    if task == "recall":
+        if ex.meta["kind"] == "json":
+            value = json.loads(ans)
+            key = next(iter(value))
+            return [json.dumps({**value, key: value[key] + "x"}), json.dumps(dict(list(value.items())[1:])), ans[:-1]]
+        return [ans + "x", ans[:-1], ans[1:], ans.swapcase() if ans.swapcase() != ans else ans + " 1"]
     raise AssertionError(f"no corruptions for {task}")
 
 
@@ -205,3 +211,18 @@ def test_agent_step_python_observation_is_what_the_sandbox_prints():
             if seen == 3:
                 break
     assert seen == 3
+
+
+def test_drills_are_trainable_but_not_in_the_default_suite():
+    from quicksilver.data.mixture import resolve_mix
+    from quicksilver.evaluate import eval_examples
+    from quicksilver.tasks import SUITE
+
+    assert "recall" in TASKS and "recall" not in SUITE
+    assert set(SUITE) == {name for name, task in TASKS.items() if task.in_suite}
+    assert resolve_mix({"recall": 1.0}) == {"recall": 1.0}  # usable in a training mixture
+    held = eval_examples("recall", n=40)  # and evaluable by name on held-out seeds and phrasings
+    kinds = {ex.meta["kind"] for ex in held}
+    assert kinds == {"repeat", "lookup", "json"}
+    train_users = {ex.messages[-1]["content"] for ex in _examples("recall", "train", 40)}
+    assert not train_users & {ex.messages[-1]["content"] for ex in held}

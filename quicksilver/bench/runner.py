@@ -145,7 +145,7 @@ def _structured(loaded: LoadedModel) -> dict:
 
 def run_bench(opts: BenchOptions) -> dict:
     from quicksilver.loading import load_model
-    from quicksilver.tasks import TASKS
+    from quicksilver.tasks import SUITE
 
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -183,7 +183,7 @@ def run_bench(opts: BenchOptions) -> dict:
     results["forward"] = fwd
 
     # 2. models on the task suite, interleaved prompt by prompt
-    tasks = opts.tasks or list(TASKS)
+    tasks = opts.tasks or list(SUITE)
     prompts = suite_prompts(diff_loaded.tokenizer, tasks, opts.per_task)
     ar_prompts = suite_prompts(ar_loaded.tokenizer, tasks, opts.per_task) if ar_loaded else []
     configs: list[tuple[str, str, str, LoadedModel, Config]] = []

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.list:
         for name, task in TASKS.items():
-            console.print(f"{name:12s} {task.description}")
+            drill = "" if task.in_suite else "  (training drill: not in the default suite)"
+            console.print(f"{name:12s} {task.description}{drill}")
         return 0
     from quicksilver.evaluate import EVAL_SEED, evaluate
     from quicksilver.loading import load_model

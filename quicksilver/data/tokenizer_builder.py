@@ -23,7 +23,7 @@ def tokenizer_texts(
 ) -> Iterator[str]:
     """Deterministic training texts: the start of each corpus source, then train-split task renderings."""
     from quicksilver.data.corpus import load_corpus
-    from quicksilver.tasks import TASKS, render
+    from quicksilver.tasks import SUITE, TASKS, render
     from quicksilver.testing import tiny_tokenizer
 
     for docs in (load_corpus() if corpus_chars > 0 else {}).values():
@@ -34,7 +34,8 @@ def tokenizer_texts(
             if used >= corpus_chars:
                 break
     renderer = tiny_tokenizer()  # only its chat template is used to render the text
-    for name, task in sorted(TASKS.items()):
+    for name in sorted(SUITE):  # the suite the shipped tokenizer was built from (drills came later)
+        task = TASKS[name]
         rng = random.Random(f"tokenizer:{TOKENIZER_SEED}:{name}")
         for _ in range(task_examples):
             prompt, response = render(task.generate(rng, "train"), renderer)

@@ -14,6 +14,7 @@ from quicksilver.tasks.code_synthesis import CodeSynthesis
 from quicksilver.tasks.infilling import Infilling
 from quicksilver.tasks.json_extraction import JsonExtraction
 from quicksilver.tasks.planning import Countdown, Sudoku
+from quicksilver.tasks.recall import Recall
 from quicksilver.tasks.retrieval import RetrievalQA
 from quicksilver.tasks.tool_use import ToolAnswer, ToolCall
 
@@ -31,8 +32,11 @@ TASKS: dict[str, Task] = {
         CodeSynthesis(),
         Infilling(),
         AgentStep(),
+        Recall(),
     )
 }
+# the held-out eval suite (and the bench's prompts): every task except the training drills
+SUITE: tuple[str, ...] = tuple(name for name, task in TASKS.items() if task.in_suite)
 
 
 def get_task(name: str) -> Task:
@@ -42,4 +46,4 @@ def get_task(name: str) -> Task:
         raise LookupError(f"unknown task {name!r} (known: {', '.join(TASKS)})") from None
 
 
-__all__ = ["TASKS", "Example", "Split", "Task", "clean_output", "get_task", "render", "render_prompt"]
+__all__ = ["SUITE", "TASKS", "Example", "Split", "Task", "clean_output", "get_task", "render", "render_prompt"]

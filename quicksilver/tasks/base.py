@@ -45,6 +45,7 @@ class Task:
 
     name: str = ""
     description: str = ""
+    in_suite: bool = True  # False for training drills: not in the default eval suite (still evaluable by name)
 
     def generate(self, rng: random.Random, split: Split) -> Example:
         raise NotImplementedError
