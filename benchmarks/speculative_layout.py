@@ -2,12 +2,16 @@
 
     python benchmarks/speculative_layout.py [--model default] [--per-task 6] [--rounds 2]
     python benchmarks/speculative_layout.py --batches 1,2,4,8,32 --per-task 4
+    python benchmarks/speculative_layout.py --lookup 2,3,4 --per-task 4
 
 Each layout (draft window, noisy-copy span) decodes the same prompts greedily, one request at a time, in
 alternating rounds so machine noise is shared; the last column counts outputs that differ from the first
 layout's (in float32 there are none: verification is exact; in bf16 a near-tie can round either way).
 With ``--batches`` it instead decodes the prompts in groups of each size through ``Decoder.step`` (one forward
 per step for the whole group, as the engine does) for draft windows 8, 4 and 2, and prints tokens/s.
+With ``--lookup`` it compares the diffusion drafts with prompt-lookup drafts (after each step, the tokens that
+followed the last earlier occurrence of the newest n committed tokens replace the diffusion drafts, as n-gram
+speculation does), per task in tokens per forward; the answers are the same either way.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from quicksilver.bench.workload import suite_prompts
 from quicksilver.decoding import Decoder
 from quicksilver.decoding.speculative import SelfSpeculation
 from quicksilver.loading import load_model
+from quicksilver.tasks import SUITE
 
 TASKS = ["tool_call", "tool_answer", "json", "code", "infill", "word_problem", "agent_step"]
 LAYOUTS = [(8, None), (2, None), (4, None), (16, None), (8, 0), (8, 12)]  # (window, span; None = default, 0 = block)
@@ -33,11 +38,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--fp32", action="store_true", help="load in float32 (exactness check)")
     ap.add_argument("--batches", help="comma-separated group sizes: tokens/s per draft window when batched")
+    ap.add_argument("--lookup", help="comma-separated n-gram sizes: prompt-lookup drafts against diffusion drafts")
     args = ap.parse_args()
     torch.set_num_threads(1)
     loaded = load_model(args.model, dtype=torch.float32 if args.fp32 else None)
     dec = Decoder(loaded.model, loaded.tokenizer, loaded.defaults)
     params = loaded.defaults.replace(policy="self_speculative")
+    if args.lookup:
+        return lookup(dec, params, suite_prompts(loaded.tokenizer, list(SUITE), args.per_task),
+                      [int(n) for n in args.lookup.split(",")])
     prompts = [p.ids for p in suite_prompts(loaded.tokenizer, TASKS, args.per_task)]
     if args.batches:
         return batched(dec, params, prompts, [int(b) for b in args.batches.split(",")])
@@ -87,6 +96,59 @@ def batched(dec: Decoder, params, prompts: list[list[int]], sizes: list[int]) ->
                 tokens += sum(st.stats.tokens for st in states)
             row.append(f"{tokens / (time.perf_counter() - t0):.0f}")
         print(f"| {size} | " + " | ".join(row) + " |")
+
+
+class LookupSpeculation(SelfSpeculation):
+    """Drafts from the context instead of the noisy rows wherever the newest ``n`` tokens occurred before."""
+
+    def __init__(self, length: int, mask_id: int, n: int):
+        super().__init__(length, mask_id)
+        self.n = n
+
+    def apply(self, state, lay, logits, tokenizer):
+        committed = super().apply(state, lay, logits, tokenizer)
+        if not committed.numel():
+            return committed
+        f, n = int(committed[-1]) + 1, self.n
+        if f <= n:
+            return committed
+        key, context = state.tokens[f - n : f], state.tokens[: f - 1]
+        if context.numel() < n:
+            return committed
+        hits = (context.unfold(0, n, 1) == key).all(1).nonzero().flatten()
+        if hits.numel():
+            start = int(hits[-1]) + n  # what followed the latest earlier occurrence
+            follow = state.tokens[start : min(start + self.window + 1, f)]
+            end = min(f + follow.numel(), len(self.drafts))
+            self.drafts[f:end] = follow[: end - f]
+        return committed
+
+
+def lookup(dec: Decoder, params, prompts, sizes: list[int]) -> None:
+    rows: dict[str, dict[str, list[int]]] = {}
+    base: list[list[int]] = []
+    for n in [0, *sizes]:
+        per_task, outs = rows.setdefault("diffusion drafts" if n == 0 else f"lookup n={n}", {}), []
+        for prompt in prompts:
+            state = dec.start(prompt.ids, params)
+            if n:
+                state.speculation = LookupSpeculation(len(state.tokens), state.mask_id, n)
+            r = dec.run(state)
+            tally = per_task.setdefault(prompt.task, [0, 0])
+            tally[0] += r.stats.tokens
+            tally[1] += r.stats.forwards
+            outs.append(r.token_ids)
+        base = base or outs
+        per_task["(answers differing)"] = [sum(a != b for a, b in zip(outs, base, strict=True)), 1]
+    tasks = [t for t in rows["diffusion drafts"] if not t.startswith("(")]
+    print(f"{len(prompts)} suite prompts, one at a time; tokens per forward")
+    print("| drafts | all | " + " | ".join(tasks) + " | answers differing |")
+    print("|---" * (len(tasks) + 3) + "|")
+    for name, per_task in rows.items():
+        tokens = sum(v[0] for t, v in per_task.items() if t in tasks)
+        forwards = sum(v[1] for t, v in per_task.items() if t in tasks)
+        cells = " | ".join(f"{per_task[t][0] / per_task[t][1]:.2f}" for t in tasks)
+        print(f"| {name} | {tokens / forwards:.2f} | {cells} | {per_task['(answers differing)'][0]} |")
 
 
 if __name__ == "__main__":
