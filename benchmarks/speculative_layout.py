@@ -112,9 +112,7 @@ class LookupSpeculation(SelfSpeculation):
         f, n = int(committed[-1]) + 1, self.n
         if f <= n:
             return committed
-        key, context = state.tokens[f - n : f], state.tokens[: f - 1]
-        if context.numel() < n:
-            return committed
+        key, context = state.tokens[f - n : f], state.tokens[: f - 1]  # f > n, so context holds an n-gram
         hits = (context.unfold(0, n, 1) == key).all(1).nonzero().flatten()
         if hits.numel():
             start = int(hits[-1]) + n  # what followed the latest earlier occurrence
@@ -125,30 +123,28 @@ class LookupSpeculation(SelfSpeculation):
 
 
 def lookup(dec: Decoder, params, prompts, sizes: list[int]) -> None:
-    rows: dict[str, dict[str, list[int]]] = {}
+    tasks = list(dict.fromkeys(p.task for p in prompts))
+    print(f"{len(prompts)} suite prompts, one at a time; tokens per forward")
+    print("| drafts | all | " + " | ".join(tasks) + " | answers differing |")
+    print("|---" * (len(tasks) + 3) + "|")
     base: list[list[int]] = []
     for n in [0, *sizes]:
-        per_task, outs = rows.setdefault("diffusion drafts" if n == 0 else f"lookup n={n}", {}), []
+        per_task = {t: [0, 0] for t in tasks}  # tokens, forwards
+        outs = []
         for prompt in prompts:
             state = dec.start(prompt.ids, params)
             if n:
                 state.speculation = LookupSpeculation(len(state.tokens), state.mask_id, n)
             r = dec.run(state)
-            tally = per_task.setdefault(prompt.task, [0, 0])
-            tally[0] += r.stats.tokens
-            tally[1] += r.stats.forwards
+            per_task[prompt.task][0] += r.stats.tokens
+            per_task[prompt.task][1] += r.stats.forwards
             outs.append(r.token_ids)
         base = base or outs
-        per_task["(answers differing)"] = [sum(a != b for a, b in zip(outs, base, strict=True)), 1]
-    tasks = [t for t in rows["diffusion drafts"] if not t.startswith("(")]
-    print(f"{len(prompts)} suite prompts, one at a time; tokens per forward")
-    print("| drafts | all | " + " | ".join(tasks) + " | answers differing |")
-    print("|---" * (len(tasks) + 3) + "|")
-    for name, per_task in rows.items():
-        tokens = sum(v[0] for t, v in per_task.items() if t in tasks)
-        forwards = sum(v[1] for t, v in per_task.items() if t in tasks)
-        cells = " | ".join(f"{per_task[t][0] / per_task[t][1]:.2f}" for t in tasks)
-        print(f"| {name} | {tokens / forwards:.2f} | {cells} | {per_task['(answers differing)'][0]} |")
+        differing = sum(a != b for a, b in zip(outs, base, strict=True))
+        tokens, forwards = (sum(v[i] for v in per_task.values()) for i in (0, 1))
+        cells = " | ".join(f"{t / f:.2f}" for t, f in per_task.values())
+        name = "diffusion drafts" if n == 0 else f"lookup n={n}"
+        print(f"| {name} | {tokens / forwards:.2f} | {cells} | {differing} |")
 
 
 if __name__ == "__main__":
