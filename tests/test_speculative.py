@@ -88,6 +88,36 @@ def test_wrong_drafts_change_nothing_but_the_forward_count():
     assert state.stats.forwards >= plain.stats.forwards
 
 
+@pytest.mark.parametrize("ratio", [0.5, 0.05])
+def test_lossy_acceptance_commits_only_tokens_near_the_causal_top(ratio):
+    """accept_ratio < 1: every committed token is at least that fraction as likely, under the causal stream
+    given the tokens before it, as the causal top token; looser ratios accept more drafts per forward."""
+    dec = spec_decoder(seed=6, scale=1.0)  # flat distributions: near-ties, so drafts are often close enough
+    ar = causal_copy(dec)
+    exact = SPEC.replace(max_tokens=40)
+    gained = 0
+    for prompt in PROMPTS:
+        ids = dec.tokenizer.encode(prompt)
+        lossy = dec.generate(ids, exact.replace(accept_ratio=ratio))
+        seq = torch.tensor([ids + lossy.token_ids])
+        with torch.no_grad():
+            hidden, _ = ar.model(seq)
+            logits = ar.model.logits(hidden)[0]
+        logits[:, dec.tokenizer.mask_id] = float("-inf")  # never a candidate when decoding
+        logp = logits.log_softmax(-1)
+        rows = logp[len(ids) - 1 : seq.shape[1] - 1]  # token shift: row p - 1 predicts p
+        chosen = rows.gather(1, torch.tensor(lossy.token_ids)[:, None])[:, 0]
+        assert bool((chosen - rows.max(-1).values >= torch.log(torch.tensor(ratio)) - 1e-4).all()), prompt
+        gained += dec.generate(ids, exact).stats.forwards - lossy.stats.forwards
+    assert gained > 0
+
+
+def test_accept_ratio_is_checked():
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError, match="accept_ratio"):
+            SPEC.replace(accept_ratio=bad)
+
+
 def test_cache_and_batching_do_not_change_the_output():
     dec = spec_decoder(seed=3)
     alone = [dec.generate(p, SPEC).token_ids for p in PROMPTS]
@@ -144,17 +174,23 @@ def test_constrained_output_stays_valid(seed):
             assert isinstance(value, dict)
 
 
-def test_high_reasoning_effort_keeps_verified_decoding():
+def test_reasoning_effort_keeps_verified_decoding():
     """The API's reasoning_effort: "high" means one token per step, except for a model whose default is
-    verified decoding (already its own causal answer); the faster efforts still trade quality for speed."""
-    from quicksilver.api.protocol import ChatCompletionRequest
+    verified decoding: it keeps that policy at every effort, and lower efforts loosen draft acceptance."""
+    from quicksilver.api.protocol import REASONING_EFFORTS, ChatCompletionRequest
     from quicksilver.api.server import build_params
 
     req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
     verified = SamplingParams(policy="self_speculative")
-    assert build_params(req, verified, 4, 1024, 16, "high").policy == "self_speculative"
-    assert build_params(req, verified, 4, 1024, 16, "low").policy == "threshold"
+    ratios = {}
+    for effort in REASONING_EFFORTS:
+        params = build_params(req, verified, 4, 1024, 16, effort)
+        assert params.policy == "self_speculative", effort
+        ratios[effort] = params.accept_ratio
+    assert ratios["high"] == 1.0
+    assert ratios["minimal"] < ratios["low"] < ratios["medium"] < ratios["high"]
     assert build_params(req, SamplingParams(), 4, 1024, 16, "high").policy == "low_confidence"
+    assert build_params(req, SamplingParams(), 4, 1024, 16, "low").policy == "threshold"
 
 
 def test_draft_window_shrinks_when_many_requests_share_a_forward():

@@ -10,8 +10,10 @@ canvas at every denoising step; each such delta replaces the previous one.
 
 ``reasoning_effort`` picks how many tokens a denoising step may commit (Mercury's "refinement steps"):
 ``instant``/``minimal``/``none`` threshold 0.7, ``low`` 0.8, ``medium`` 0.9, ``high``/``xhigh`` one
-token per step (low-confidence policy), or, for a model whose default policy is ``self_speculative``, that
-verified decoding. Without it the model's generation defaults apply.
+token per step (low-confidence policy). A model whose default policy is ``self_speculative`` keeps it and
+the effort sets how close to the causal top token an accepted draft must be (``accept_ratio``: 0.1, 0.25,
+0.5, then 1.0 = exactly its causal greedy answer): on the shipped default that beats every threshold
+setting on both speed and accuracy (docs/performance.md section 7). Without it the model's defaults apply.
 
 ``"retrieval"`` (with ``--index``): ``{"k": 5}`` puts passages for the last user message into the prompt;
 ``{"mode": "tool"}`` offers the built-in ``search_documents`` tool and runs it here, for a bounded number of
@@ -73,6 +75,16 @@ EFFORT_PARAMS: dict[str, dict[str, Any]] = {
     "medium": {"policy": "threshold", "threshold": 0.9},
     "high": {"policy": "low_confidence", "steps_per_block": None},
     "xhigh": {"policy": "low_confidence", "steps_per_block": None},
+}
+# for a model that verifies its own drafts: how near the causal top token a draft must be to be accepted
+SPECULATIVE_EFFORT_PARAMS: dict[str, dict[str, Any]] = {
+    "none": {"accept_ratio": 0.1},
+    "minimal": {"accept_ratio": 0.1},
+    "instant": {"accept_ratio": 0.1},
+    "low": {"accept_ratio": 0.25},
+    "medium": {"accept_ratio": 0.5},
+    "high": {"accept_ratio": 1.0},
+    "xhigh": {"accept_ratio": 1.0},
 }
 
 
@@ -193,10 +205,11 @@ def build_params(
         changes["seed"] = req.seed
     if req.stop is not None:
         changes["stop"] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
-    if effort is not None and not (effort in ("high", "xhigh") and defaults.policy == "self_speculative"):
-        # a model that verifies its drafts already returns its own causal greedy answer: that is its most
-        # careful setting, better than one unverified token per step (docs/performance.md)
-        changes.update(EFFORT_PARAMS[effort])
+    if effort is not None:
+        # a model that verifies its drafts returns its own causal greedy answer at accept_ratio 1: its most
+        # careful setting, better than one unverified token per step; looser acceptance is its faster one
+        table = SPECULATIVE_EFFORT_PARAMS if defaults.policy == "self_speculative" else EFFORT_PARAMS
+        changes.update(table[effort])
     try:
         return defaults.replace(**changes)
     except ValueError as exc:

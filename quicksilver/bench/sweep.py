@@ -23,6 +23,10 @@ def sweep_grid(
     grid += [(f"left_to_right {t:g}", p.replace(policy="left_to_right", threshold=t)) for t in (0.7, 0.9)]
     if speculative:
         grid.append(("self_speculative", p.replace(policy="self_speculative")))
+        # lossy acceptance: the API's lower reasoning efforts for such a model
+        ratios = (0.25,) if quick else (0.5, 0.25, 0.1)
+        grid += [(f"self_speculative accept {r:g}", p.replace(policy="self_speculative", accept_ratio=r))
+                 for r in ratios]
     if not quick:
         grid += [("factor 1", p.replace(policy="factor", factor=1.0)), ("entropy 0.5", p.replace(policy="entropy",
                  entropy_bound=0.5)), ("margin 0.5", p.replace(policy="margin", margin=0.5))]

@@ -21,6 +21,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--cache", choices=("auto", "none", "prefix", "dual"))
+    p.add_argument("--accept-ratio", type=float,
+                   help="self_speculative: also accept drafts at least this fraction as likely as the top token")
     p.add_argument("--remask-threshold", type=float, help="self-correction: re-mask tokens below this")
     p.add_argument("--edit-threshold", type=float, help="self-correction: edit tokens to a new choice above this")
 
@@ -31,7 +33,7 @@ def params_from_args(args: argparse.Namespace, defaults):
         "policy": "policy", "threshold": "threshold", "factor": "factor", "block_size": "block_size",
         "steps": "steps_per_block", "max_tokens": "max_tokens", "temperature": "temperature",
         "top_p": "top_p", "top_k": "top_k", "seed": "seed", "cache": "cache",
-        "remask_threshold": "remask_threshold", "edit_threshold": "edit_threshold",
+        "remask_threshold": "remask_threshold", "edit_threshold": "edit_threshold", "accept_ratio": "accept_ratio",
     }
     changes = {field: getattr(args, flag) for flag, field in mapping.items() if getattr(args, flag, None) is not None}
     if getattr(args, "stop", None):

@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", choices=POLICIES, help="override the model's unmasking policy")
     p.add_argument("--threshold", type=float, help="override the confidence threshold")
     p.add_argument("--block-size", type=int, help="override the decode block size")
+    p.add_argument("--accept-ratio", type=float,
+                   help="self_speculative: also accept drafts at least this fraction as likely as the top token")
     p.add_argument("--max-tokens", type=int, help="one answer budget for every task (default: per-task budgets)")
     p.add_argument("--outputs", action="store_true", help="keep every model output in the JSON")
     p.add_argument("--constrained", action="store_true",
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     mode = f"constrained (as the API serves it; tools with tool_choice={tool_choice})" if args.constrained else "free"
     loaded = load_model(args.model)
     changes = {k: v for k, v in (("policy", args.policy), ("threshold", args.threshold),
-                                 ("block_size", args.block_size)) if v is not None}
+                                 ("block_size", args.block_size),
+                                 ("accept_ratio", args.accept_ratio)) if v is not None}
     params = loaded.defaults.replace(**changes)
     console.print(f"[bold]{loaded.name or loaded.path}[/bold]: {args.n} held-out examples per task, {mode} decoding",
                   style="dim")

@@ -14,10 +14,15 @@ equals the draft that was fed there, the clean output one position on was comput
 only, so the walk goes on. Every committed token is thus a sample of the model's own causal conditional
 (greedy: exactly its causal greedy output) whatever the drafts were. Good drafts only save forwards, and
 each forward commits at least one token.
+
+``accept_ratio`` < 1 relaxes the walk: a draft the causal stream finds at least that fraction as likely as
+its top token is committed as it stands. The answer is then no longer exactly the causal one; the speed it
+buys and the accuracy it costs are measured in docs/performance.md section 7.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -157,6 +162,12 @@ class SelfSpeculation:
             if not bool(state.committed[pos]):
                 if greedy is not None:
                     tok = int(greedy[i])
+                    if params.accept_ratio < 1.0 and c0 <= pos < ce and tok != int(lay.fed[pos - c0]):
+                        # lossy acceptance: keep the draft if the causal stream finds it nearly as likely
+                        draft = int(lay.fed[pos - c0])
+                        row = verify_logits[i]
+                        if float(row[draft] - row[tok]) >= math.log(params.accept_ratio):
+                            tok = draft
                 elif constraint is None:
                     tok = int(sample_tokens(verify_logits[i : i + 1], params, state.generator)[0][0])
                 else:
