@@ -46,16 +46,41 @@ def test_chat_reads_turns_from_stdin(model_dir):
     assert "(conversation cleared)" in out.stdout
 
 
+def test_chat_json_and_tool_answers_are_valid(model_dir, tmp_path):
+    """--json-schema / --tools decode under the API's constraints, so even a random model answers validly."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+              "required": ["name", "n"], "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    out = cli("chat", "--model", str(model_dir), "--max-tokens", "60", "--json-schema", str(tmp_path / "schema.json"),
+              stdin="Extract: Ann is 3.\n")
+    assert out.returncode == 0, out.stderr
+    value = json.loads(out.stdout)
+    assert set(value) == {"name", "n"} and isinstance(value["n"], int)
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"code": {"type": "integer"}}, "required": ["code"]}}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    out = cli("chat", "--model", str(model_dir), "--max-tokens", "60", "--tools", str(tmp_path / "tools.json"),
+              "--tool-choice", "required", stdin="Look up 7.\n/tool found\n")
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("call lookup(") and isinstance(json.loads(first[len("call lookup("):-1])["code"], int)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["generate", "--model", "/nonexistent/model", "x"], "no such model folder"),
         (["generate", "--model", "MODEL", "x", "--max-tokens", "0"], "max_tokens must be >= 1"),
         (["generate", "--model", "MODEL", "x", "--max-tokens", "5000"], "exceeds the model's context"),
+        (["chat", "--model", "MODEL", "--tools", "NOTJSON"], "is not valid JSON"),
+        (["chat", "--model", "MODEL", "--tools", "SCHEMA"], "tools must be a non-empty list"),
     ],
 )
-def test_bad_input_is_one_line_error_not_traceback(model_dir, args, message):
-    out = cli(*[str(model_dir) if a == "MODEL" else a for a in args])
+def test_bad_input_is_one_line_error_not_traceback(model_dir, tmp_path, args, message):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "schema.json").write_text('{"type": "object"}')
+    files = {"MODEL": str(model_dir), "NOTJSON": str(tmp_path / "bad.json"), "SCHEMA": str(tmp_path / "schema.json")}
+    out = cli(*[files.get(a, a) for a in args])
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

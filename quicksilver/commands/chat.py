@@ -1,13 +1,22 @@
-"""``quicksilver chat``: an interactive multi-turn conversation in the terminal."""
+"""``quicksilver chat``: an interactive multi-turn conversation in the terminal.
+
+``--json`` / ``--json-schema FILE`` make every answer a JSON object (that schema's), and ``--tools FILE`` lets the
+model call the OpenAI-format tools in FILE; both decode under the same constraints as the API server, so the
+output is always valid. Tool calls are printed, not run: answer one with ``/tool RESULT`` (``quicksilver agent``
+runs real tools).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from quicksilver.commands._decode_args import add_decode_args, params_from_args
 
-HELP = "commands: /reset clears the conversation, /exit quits (or Ctrl-D)"
+HELP = "commands: /tool RESULT answers the last tool call, /reset clears the conversation, /exit quits (or Ctrl-D)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,16 +24,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_decode_args(p)
     p.add_argument("--system", help="system message")
     p.add_argument("--stats", action="store_true", help="print speed stats after each answer")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="every answer is a JSON object")
+    shape.add_argument("--json-schema", metavar="FILE", help="every answer is JSON valid under this schema")
+    shape.add_argument("--tools", metavar="FILE", help="JSON file with an OpenAI-format list of tools to call")
+    p.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
+                   help="with --tools: may call (auto, default) or must call (required)")
     p.set_defaults(func=run)
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} {path} is not valid JSON: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     from quicksilver.decoding import Decoder
     from quicksilver.loading import load_model
+    from quicksilver.structured.answer import client_answer
+    from quicksilver.structured.request import constraint_factory
+    from quicksilver.structured.tools import function_schemas
 
+    tools = _read_json(args.tools, "--tools") if args.tools else None
+    if tools is not None:
+        function_schemas(tools)  # ValueError (one line) on a malformed list
+    schema = _read_json(args.json_schema, "--json-schema") if args.json_schema else None
+    if schema is not None and not isinstance(schema, dict):
+        raise ValueError(f"--json-schema {args.json_schema} must hold a JSON object")
     loaded = load_model(args.model)
     params = params_from_args(args, loaded.defaults)
-    decoder = Decoder(loaded.model, loaded.tokenizer, params)
+    tok = loaded.tokenizer
+    tool_choice = args.tool_choice if tools else None
+    make_constraint = constraint_factory(tok, tools=tools, tool_choice=tool_choice, json_schema=schema,
+                                         json_object=args.json, max_tokens=params.max_tokens)
+    decoder = Decoder(loaded.model, tok, params)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []
     interactive = sys.stdin.isatty()
@@ -44,10 +79,26 @@ def run(args: argparse.Namespace) -> int:
             history.clear()
             print("(conversation cleared)")
             continue
-        history.append({"role": "user", "content": line})
-        result = decoder.chat(system + history, params)
-        history.append({"role": "assistant", "content": result.text})
-        print(f"assistant> {result.text}" if interactive else result.text, flush=True)
+        if line.startswith("/tool"):
+            if not history or not history[-1].get("tool_calls"):
+                print("(no tool call to answer)")
+                continue
+            history.append({"role": "tool", "content": line[len("/tool"):].strip()})
+        else:
+            history.append({"role": "user", "content": line})
+        result = decoder.chat(system + history, params, tools=tools,
+                              constraint=make_constraint() if make_constraint else None)
+        answer = client_answer(result.token_ids, result.text, result.finish_reason, tok, tools=tools,
+                               tool_choice=tool_choice, json_schema=schema, json_object=args.json)
+        history.append({"role": "assistant", "content": answer.content or "",
+                        **({"tool_calls": answer.tool_calls} if answer.tool_calls else {})})
+        lines = [answer.content] if answer.content else []
+        for call in answer.tool_calls or ():
+            lines.append(f"call {call['name']}({json.dumps(call['arguments'], ensure_ascii=False)})")
+        if answer.error:
+            lines.append(f"(error: {answer.error})")
+        text = "\n".join(lines) if lines else result.text
+        print(f"assistant> {text}" if interactive else text, flush=True)
         if args.stats:
             print(f"[{result.finish_reason}] {result.stats.line()}", file=sys.stderr)
     return 0

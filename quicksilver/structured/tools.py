@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from quicksilver.decoding.denoise import DecodeState
 
 
-def _functions(tools: list[dict]) -> dict[str, dict]:
+def function_schemas(tools: list[dict]) -> dict[str, dict]:
     """name -> parameters schema, from OpenAI-format tools (ValueError on malformed tools)."""
     if not isinstance(tools, list) or not tools:
         raise ValueError("tools must be a non-empty list")
@@ -63,7 +63,7 @@ def tool_call_constraint(
     ``layout``: "lazy" or "fixed" (see :mod:`quicksilver.structured.constraint`)."""
     if tool_choice is None or tool_choice in ("none", "auto"):
         return None
-    functions = _functions(tools)
+    functions = function_schemas(tools)
     if tool_choice == "required":
         names = list(functions)
     elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
@@ -268,7 +268,7 @@ def parse_tool_calls(text: str, tools: list[dict]) -> list[dict] | None:
     ``skip_special_tokens``) and a bare list or single call object.
     """
     try:
-        functions = _functions(tools)
+        functions = function_schemas(tools)
     except ValueError:
         return None
     validators = {n: jsonschema.validators.validator_for(s)(s) for n, s in functions.items()}
