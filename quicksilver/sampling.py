@@ -43,9 +43,9 @@ class SamplingParams:
     max_remasks_per_block: int | None = None  # bound that guarantees termination (default: block size)
     cache: CacheMode = "auto"
     lookahead: int = 0  # bidirectional models: extra masked positions kept after the current block
-    # self_speculative, greedy and unconstrained: also accept a draft whose causal probability is at least
-    # this fraction of the top token's. 1.0 = only the causal greedy token (the answer is the causal one);
-    # lower trades that exactness for more tokens per forward (docs/performance.md section 7)
+    # self_speculative, greedy: also accept a draft whose causal probability is at least this fraction of
+    # the top token's. 1.0 = only the causal greedy token (the answer is the causal one); lower trades that
+    # exactness for more tokens per forward (docs/performance.md section 7). Sampling ignores it.
     accept_ratio: float = 1.0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -64,6 +64,8 @@ class SamplingParams:
             raise ValueError("threshold must be in [0, 1]")
         if not 0 < self.accept_ratio <= 1:
             raise ValueError("accept_ratio must be in (0, 1]")
+        if self.accept_ratio < 1 and self.policy != "self_speculative":
+            raise ValueError("accept_ratio < 1 needs policy 'self_speculative' (it relaxes draft verification)")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.steps_per_block is not None and self.steps_per_block < 1:

@@ -74,12 +74,17 @@ def test_chat_json_and_tool_answers_are_valid(model_dir, tmp_path):
         (["generate", "--model", "MODEL", "x", "--max-tokens", "5000"], "exceeds the model's context"),
         (["chat", "--model", "MODEL", "--tools", "NOTJSON"], "is not valid JSON"),
         (["chat", "--model", "MODEL", "--tools", "SCHEMA"], "tools must be a non-empty list"),
+        (["chat", "--model", "MODEL", "--tools", "BADTOOL"], "invalid JSON schema"),
+        (["chat", "--model", "MODEL", "--tool-choice", "required"], "--tool-choice needs --tools"),
     ],
 )
 def test_bad_input_is_one_line_error_not_traceback(model_dir, tmp_path, args, message):
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "schema.json").write_text('{"type": "object"}')
-    files = {"MODEL": str(model_dir), "NOTJSON": str(tmp_path / "bad.json"), "SCHEMA": str(tmp_path / "schema.json")}
+    bad_tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]
+    (tmp_path / "bad_tool.json").write_text(json.dumps(bad_tool))
+    files = {"MODEL": str(model_dir), "NOTJSON": str(tmp_path / "bad.json"), "SCHEMA": str(tmp_path / "schema.json"),
+             "BADTOOL": str(tmp_path / "bad_tool.json")}
     out = cli(*[files.get(a, a) for a in args])
     assert out.returncode == 2
     assert message in out.stderr

@@ -12,8 +12,9 @@ canvas at every denoising step; each such delta replaces the previous one.
 ``instant``/``minimal``/``none`` threshold 0.7, ``low`` 0.8, ``medium`` 0.9, ``high``/``xhigh`` one
 token per step (low-confidence policy). A model whose default policy is ``self_speculative`` keeps it and
 the effort sets how close to the causal top token an accepted draft must be (``accept_ratio``: 0.1, 0.25,
-0.5, then 1.0 = exactly its causal greedy answer): on the shipped default that beats every threshold
-setting on both speed and accuracy (docs/performance.md section 7). Without it the model's defaults apply.
+0.5, then 1.0 = exactly its causal greedy answer; greedy requests only, sampled ones stay exact): on the
+shipped default that is faster and more accurate than the thresholds above (docs/performance.md section 7).
+Without it the model's defaults apply.
 
 ``"retrieval"`` (with ``--index``): ``{"k": 5}`` puts passages for the last user message into the prompt;
 ``{"mode": "tool"}`` offers the built-in ``search_documents`` tool and runs it here, for a bounded number of

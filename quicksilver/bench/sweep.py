@@ -15,7 +15,7 @@ def sweep_grid(
 ) -> list[tuple[str, SamplingParams]]:
     """(label, params) pairs; every entry keeps the base temperature and budget, greedy by default.
     ``speculative``: the model can verify its own drafts (causal context + token shift)."""
-    p = base.replace(remask_threshold=None, edit_threshold=None)
+    p = base.replace(remask_threshold=None, edit_threshold=None, accept_ratio=1.0)
     grid: list[tuple[str, SamplingParams]] = [(REFERENCE, p.replace(policy="low_confidence",
                                                                      steps_per_block=block_size))]
     taus = (0.7, 0.9) if quick else (0.5, 0.7, 0.9, 0.95)

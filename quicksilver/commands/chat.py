@@ -2,8 +2,9 @@
 
 ``--json`` / ``--json-schema FILE`` make every answer a JSON object (that schema's), and ``--tools FILE`` lets the
 model call the OpenAI-format tools in FILE; both decode under the same constraints as the API server, so the
-output is always valid. Tool calls are printed, not run: answer one with ``/tool RESULT`` (``quicksilver agent``
-runs real tools).
+output is always valid. Tool calls are printed, not run: answer them with ``/tool RESULT`` (one line per call,
+in order; ``quicksilver agent`` runs real tools). The turn after a tool result may answer in text even under
+``--tool-choice required``, which applies to turns that answer the user.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from quicksilver.commands._decode_args import add_decode_args, params_from_args
 
-HELP = "commands: /tool RESULT answers the last tool call, /reset clears the conversation, /exit quits (or Ctrl-D)"
+HELP = "commands: /tool RESULT answers a tool call, /reset clears the conversation, /exit quits (or Ctrl-D)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     shape.add_argument("--json", action="store_true", help="every answer is a JSON object")
     shape.add_argument("--json-schema", metavar="FILE", help="every answer is JSON valid under this schema")
     shape.add_argument("--tools", metavar="FILE", help="JSON file with an OpenAI-format list of tools to call")
-    p.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
-                   help="with --tools: may call (auto, default) or must call (required)")
+    p.add_argument("--tool-choice", choices=("auto", "required"),
+                   help="with --tools: the model may call a tool (auto, the default) or must (required)")
     p.set_defaults(func=run)
 
 
@@ -40,25 +41,46 @@ def _read_json(path: str, what: str) -> Any:
         raise ValueError(f"{what} {path} is not valid JSON: {exc}") from None
 
 
+def _open_calls(history: list[dict]) -> int:
+    """How many tool calls of the latest assistant turn have no result yet."""
+    results = 0
+    for message in reversed(history):
+        if message["role"] == "tool":
+            results += 1
+        elif message["role"] == "assistant":
+            return max(len(message.get("tool_calls") or ()) - results, 0)
+        else:
+            return 0
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from quicksilver.decoding import Decoder
     from quicksilver.loading import load_model
     from quicksilver.structured.answer import client_answer
     from quicksilver.structured.request import constraint_factory
-    from quicksilver.structured.tools import function_schemas
+    from quicksilver.structured.tools import check_tools
 
+    if args.tool_choice and not args.tools:
+        raise ValueError("--tool-choice needs --tools")
     tools = _read_json(args.tools, "--tools") if args.tools else None
-    if tools is not None:
-        function_schemas(tools)  # ValueError (one line) on a malformed list
     schema = _read_json(args.json_schema, "--json-schema") if args.json_schema else None
     if schema is not None and not isinstance(schema, dict):
         raise ValueError(f"--json-schema {args.json_schema} must hold a JSON object")
     loaded = load_model(args.model)
     params = params_from_args(args, loaded.defaults)
     tok = loaded.tokenizer
-    tool_choice = args.tool_choice if tools else None
-    make_constraint = constraint_factory(tok, tools=tools, tool_choice=tool_choice, json_schema=schema,
-                                         json_object=args.json, max_tokens=params.max_tokens)
+    if tools is not None:
+        check_tools(tools, tok)
+
+    def constraints_for(choice: str | None):
+        return constraint_factory(tok, tools=tools, tool_choice=choice, json_schema=schema,
+                                  json_object=args.json, max_tokens=params.max_tokens)
+
+    user_choice = (args.tool_choice or "auto") if tools else None
+    factories = {user_choice: constraints_for(user_choice)}
+    if tools:  # after a tool result the model may answer in text
+        factories["auto"] = constraints_for("auto")
     decoder = Decoder(loaded.model, tok, params)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []
@@ -79,17 +101,22 @@ def run(args: argparse.Namespace) -> int:
             history.clear()
             print("(conversation cleared)")
             continue
-        if line.startswith("/tool"):
-            if not history or not history[-1].get("tool_calls"):
-                print("(no tool call to answer)")
+        if line == "/tool" or line.startswith("/tool "):
+            if not _open_calls(history):
+                print("(no tool call to answer)", file=sys.stderr)
                 continue
             history.append({"role": "tool", "content": line[len("/tool"):].strip()})
+            if _open_calls(history):  # more calls of the same turn wait for their results
+                continue
+            choice = "auto" if tools else None
         else:
             history.append({"role": "user", "content": line})
+            choice = user_choice
+        make_constraint = factories[choice]
         result = decoder.chat(system + history, params, tools=tools,
                               constraint=make_constraint() if make_constraint else None)
         answer = client_answer(result.token_ids, result.text, result.finish_reason, tok, tools=tools,
-                               tool_choice=tool_choice, json_schema=schema, json_object=args.json)
+                               tool_choice=choice, json_schema=schema, json_object=args.json)
         history.append({"role": "assistant", "content": answer.content or "",
                         **({"tool_calls": answer.tool_calls} if answer.tool_calls else {})})
         lines = [answer.content] if answer.content else []

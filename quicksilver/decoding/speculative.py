@@ -15,9 +15,10 @@ only, so the walk goes on. Every committed token is thus a sample of the model's
 (greedy: exactly its causal greedy output) whatever the drafts were. Good drafts only save forwards, and
 each forward commits at least one token.
 
-``accept_ratio`` < 1 relaxes the walk: a draft the causal stream finds at least that fraction as likely as
-its top token is committed as it stands. The answer is then no longer exactly the causal one; the speed it
-buys and the accuracy it costs are measured in docs/performance.md section 7.
+``accept_ratio`` < 1 relaxes the walk for greedy requests (constrained ones too, among the tokens the
+constraint allows): a draft the causal stream finds at least that fraction as likely as its top token is
+committed as it stands, unless the top token ends the answer. The answer is then no longer exactly the
+causal one; the speed it buys and the accuracy it costs are measured in docs/performance.md section 7.
 """
 
 from __future__ import annotations
@@ -148,7 +149,9 @@ class SelfSpeculation:
 
         Only the committed positions draw from the request's generator, one draw each, in order, so a seeded
         answer does not depend on the draft window (or on what else shares the forward). Drafts are greedy:
-        they are proposals, and verification makes the answer the same whatever they are."""
+        they are proposals, and verification makes the answer the same whatever they are. With
+        ``accept_ratio`` < 1 (greedy requests only) it does depend on them, which is why such a request keeps
+        a fixed window whatever the load (``DecodeState``)."""
         params, constraint = state.params, state.constraint
         logits[:, self.mask_id] = float("-inf")
         n_verify = lay.verify_positions.numel()
@@ -157,23 +160,23 @@ class SelfSpeculation:
         stop_on_end = not params.ignore_eos
         ends = set(state.end_ids.tolist())
         c0, ce = lay.clean_start, lay.clean_end
+        lossy = params.accept_ratio < 1.0 and params.temperature == 0
         committed: list[int] = []
         for i, pos in enumerate(lay.verify_positions.tolist()):
             if not bool(state.committed[pos]):
+                draft = int(lay.fed[pos - c0]) if lossy and pos < ce else None
                 if greedy is not None:
-                    tok = int(greedy[i])
-                    if params.accept_ratio < 1.0 and c0 <= pos < ce and tok != int(lay.fed[pos - c0]):
-                        # lossy acceptance: keep the draft if the causal stream finds it nearly as likely
-                        draft = int(lay.fed[pos - c0])
-                        row = verify_logits[i]
-                        if float(row[draft] - row[tok]) >= math.log(params.accept_ratio):
-                            tok = draft
+                    tok = _near_top(verify_logits[i], int(greedy[i]), draft, params.accept_ratio, ends, stop_on_end)
                 elif constraint is None:
                     tok = int(sample_tokens(verify_logits[i : i + 1], params, state.generator)[0][0])
                 else:
                     at = torch.tensor([pos])
                     row = constraint.mask_logits(state, at, verify_logits[i : i + 1].clone())
-                    pick = sample_tokens(row, params, state.generator)[0]
+                    if lossy:  # greedy under a constraint: the draft must also be allowed there (finite logit)
+                        best = int(row[0].argmax())
+                        pick = torch.tensor([_near_top(row[0], best, draft, params.accept_ratio, ends, stop_on_end)])
+                    else:
+                        pick = sample_tokens(row, params, state.generator)[0]
                     if not bool(constraint.allow_commits(state, at, pick, torch.ones(1, dtype=torch.bool))[0]):
                         break
                     tok = int(pick[0])
@@ -194,6 +197,14 @@ class SelfSpeculation:
         if lay.draft_positions.numel():
             self.drafts[lay.draft_positions] = draft_logits.argmax(-1)
         return torch.tensor(committed, dtype=torch.long)
+
+
+def _near_top(row: torch.Tensor, top: int, draft: int | None, ratio: float, ends: set[int], stop_on_end: bool) -> int:
+    """Lossy acceptance: the fed draft if its logit is within log(ratio) of the top token's, else the top token.
+    A top end token is kept: a draft must not overrule the model's decision to stop."""
+    if draft is None or draft == top or (stop_on_end and top in ends) or not bool(torch.isfinite(row[draft])):
+        return top
+    return draft if float(row[draft] - row[top]) >= math.log(ratio) else top
 
 
 def _stop_seen(state: DecodeState, pos: int, tokenizer: Tokenizer) -> bool:

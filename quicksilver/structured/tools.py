@@ -48,6 +48,18 @@ def function_schemas(tools: list[dict]) -> dict[str, dict]:
     return out
 
 
+def check_tools(tools: list[dict], tokenizer: Tokenizer) -> None:
+    """ValueError unless ``tools`` is a well-formed OpenAI tool list with valid JSON schemas that this
+    tokenizer can call (it has the tool-call token): what a front end checks before decoding under them."""
+    for name, schema in function_schemas(tools).items():
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"tool {name!r}: invalid JSON schema: {exc.message}") from None
+    if tokenizer.token_id(TOOL_CALLS) is None:
+        raise ValueError("this model has no tool-call token; tools are not supported")
+
+
 def _strict(tools: list[dict], name: str) -> bool:
     for t in tools:
         if t.get("function", {}).get("name") == name:
