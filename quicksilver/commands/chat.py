@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             history.append({"role": "tool", "content": line[len("/tool"):].strip()})
             if _open_calls(history):  # more calls of the same turn wait for their results
                 continue
-            choice = "auto" if tools else None
+            choice = "auto"  # a pending call implies tools
         else:
             history.append({"role": "user", "content": line})
             choice = user_choice

@@ -28,7 +28,7 @@ import torch
 from quicksilver.decoding.constraints import Constraint
 from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
-from quicksilver.decoding.speculative import WINDOWS, Layout, SelfSpeculation, check_supported
+from quicksilver.decoding.speculative import Layout, SelfSpeculation, check_supported
 from quicksilver.model import KV, Transformer, config_mask
 from quicksilver.sampling import SamplingParams, make_generator, sample_tokens
 from quicksilver.tokenizer import Tokenizer
@@ -150,9 +150,7 @@ class DecodeState:
         self.committed = torch.zeros(buf_len, dtype=torch.bool)
         self.committed[: self.prompt_len] = True
         self.fixed = self.committed.clone()  # prompt and pinned tokens: never sampled, never revised
-        # lossy acceptance makes the answer depend on the drafts, so their window must not follow the load
-        window = WINDOWS[0][1] if params.accept_ratio < 1 else None
-        self.speculation = SelfSpeculation(buf_len, self.mask_id, window) if speculating else None
+        self.speculation = SelfSpeculation.for_request(buf_len, self.mask_id, params) if speculating else None
         self.generator = make_generator(params.seed)
         self.policy: UnmaskPolicy = make_unmask_policy(params)
         self.correction = SelfCorrection.from_params(params, self.block)

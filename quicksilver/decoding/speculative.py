@@ -93,6 +93,12 @@ class SelfSpeculation:
         self.fixed_span = span
         self.drafts = torch.full((length,), mask_id, dtype=torch.long)
 
+    @classmethod
+    def for_request(cls, length: int, mask_id: int, params: SamplingParams) -> SelfSpeculation:
+        """The speculation for one request. Lossy acceptance makes the answer depend on the drafts, so such a
+        request keeps the one-request window whatever the load; an exact one follows the batch size."""
+        return cls(length, mask_id, WINDOWS[0][1] if params.accept_ratio < 1 else None)
+
     def set_batch(self, n_states: int) -> None:
         """Fit the layout to a forward shared by ``n_states`` speculating requests."""
         if self.fixed_window is None:
@@ -151,7 +157,7 @@ class SelfSpeculation:
         answer does not depend on the draft window (or on what else shares the forward). Drafts are greedy:
         they are proposals, and verification makes the answer the same whatever they are. With
         ``accept_ratio`` < 1 (greedy requests only) it does depend on them, which is why such a request keeps
-        a fixed window whatever the load (``DecodeState``)."""
+        a fixed window whatever the load (``for_request``)."""
         params, constraint = state.params, state.constraint
         logits[:, self.mask_id] = float("-inf")
         n_verify = lay.verify_positions.numel()
