@@ -136,6 +136,76 @@ def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int, 
     assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
 
 
+def test_draft_layout_rows_are_what_self_speculative_decoding_computes():
+    """A block trained in the draft layout (``draft_fraction``) scores each token after its cut from the row the
+    self-speculative decoder reads that token's draft from: the committed text before the frontier through the
+    causal clean stream, then masks from the frontier to the block's end, attending to each other."""
+    from quicksilver.train.objectives import block_prediction_rows
+
+    tok = tiny_tokenizer()
+    cfg = model_config(shifted_block_recipe(True), tok)
+    model = build_model(cfg, 0).eval()
+    packer = RowPacker(lambda s: toy_stream(tok, 5, s), 0, 64, 1, tok.eos_id, list(cfg.stop_token_ids), tok.pad_id,
+                       cfg.block_size)
+    batch = packer.next_batch()
+    bs = cfg.block_size
+    assert int((batch.doc[0] == 0).sum()) >= bs * 3
+    f, end = bs * 2 + 3, bs * 3  # frontier and the end of its block
+    cut = torch.div(batch.positions, bs, rounding_mode="floor") * bs
+    cut[0, bs * 2:end] = f
+    noisy = batch.ids.masked_fill(torch.rand(batch.ids.shape, generator=torch.Generator().manual_seed(0)) < 0.5,
+                                  cfg.mask_token_id)
+    noisy[0, bs * 2:f] = batch.ids[0, bs * 2:f]
+    noisy[0, f:end] = cfg.mask_token_id
+    with torch.no_grad():
+        trained = model.logits(block_prediction_rows(model, batch, noisy, cut)[0][0, f + 1:end])
+        ids = torch.cat([batch.ids[0, :f], torch.full((end - f,), cfg.mask_token_id)]).unsqueeze(0)
+        pos = torch.arange(end)
+        clean_rows = pos[:, None] >= pos[None, :]
+        mask = clean_rows | (pos >= f)[:, None]  # noisy rows: the committed text and every noisy row
+        hidden, _ = model(ids, pos[None], mask=mask[None, None])
+        decoded = model.logits(hidden[0, f:end - 1])
+    assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
+
+
+def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_context():
+    from quicksilver.train import objectives
+
+    tok = tiny_tokenizer()
+    cfg = model_config(shifted_block_recipe(True), tok)
+    model = build_model(cfg, 0)
+    packer = RowPacker(lambda s: toy_stream(tok, 9, s), 0, 64, 2, tok.eos_id, list(cfg.stop_token_ids), tok.pad_id,
+                       cfg.block_size)
+    batch = packer.next_batch()
+    seen = {}
+    real = objectives._masked_loss
+
+    def spy(model, hidden, targets, masked, t, weight, s):
+        seen.update(masked=masked, t=t)
+        return real(model, hidden, targets, masked, t, weight, s)
+
+    objectives._masked_loss = spy
+    try:
+        out = objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0), torch.Generator().manual_seed(1))
+    finally:
+        objectives._masked_loss = real
+    assert torch.isfinite(out.loss) and out.scored > 0
+    bs = cfg.block_size
+    blk = batch.positions // bs
+    for r in range(batch.ids.shape[0]):
+        for d in batch.doc[r].unique():
+            for b in blk[r][batch.doc[r] == d].unique():
+                sel = (batch.doc[r] == d) & (blk[r] == b)
+                scored = seen["masked"][r][sel]
+                if scored.any():  # scored tokens form one run that ends where the block's answer tokens end
+                    first, n = int(scored.nonzero()[0]), int(scored.sum())
+                    assert scored[first:first + n].all()
+    assert torch.all(seen["t"][seen["masked"]] == 1.0)
+    plain = build_model(model_config(shifted_block_recipe(False), tok), 0)
+    with pytest.raises(ValueError, match="causal_context"):
+        objectives.block_loss(plain, batch, NoiseSettings(draft_fraction=0.5), torch.Generator())
+
+
 @pytest.mark.parametrize("causal_context", [False, True])
 def test_shifted_block_objective_lowers_held_out_loss(tmp_path: Path, causal_context: bool):
     recipe = shifted_block_recipe(causal_context, ar_weight=1.0 if causal_context else 0.0)

@@ -11,6 +11,11 @@
             With ``causal_context`` the clean stream is causal instead (finished blocks are plain text, as in
             Efficient-DLM), which makes it an AR model over the same rows: ``ar_weight`` adds its next-token
             loss, so the AR knowledge the weights started with keeps being trained rather than only eroded.
+            ``draft_fraction`` trains that share of blocks in the layout self-speculative decoding uses instead:
+            a cut c in the block, every answer token from c on masked, the noisy rows reading the clean (causal)
+            stream before c and each other, scored on the tokens after c (c itself is the clean stream's to
+            predict). That is what the drafts see at decode time (TiDAR trains its drafter so), where random
+            noise inside the block showed the noisy rows committed tokens they never see there.
 * ``ar``    next-token cross-entropy for the causal twin (token_shift: hidden i predicts token i+1).
 
 Losses are divided by the number of answer tokens (not masked tokens), which makes the diffusion loss
@@ -40,6 +45,7 @@ class NoiseSettings:
     weighting: str = "elbo"  # "elbo" (1/t) or "flat"
     pad_weight: float = 1.0  # loss weight of rainbow pads relative to answer tokens
     ar_weight: float = 0.0  # block objective with causal_context: weight of the clean stream's next-token loss
+    draft_fraction: float = 0.0  # block objective with causal_context: share of blocks noised as decode drafts
 
 
 @dataclass
@@ -90,13 +96,21 @@ def mdlm_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Gen
     return _masked_loss(model, hidden, batch.ids, masked, t, weight, s)
 
 
-def block_diffusion_mask(batch: Batch, block_size: int, causal_context: bool = False) -> torch.Tensor:
-    """[B, 1, 2L, 2L] mask over ``[x_t || x_0]`` (True = attend)."""
+def block_diffusion_mask(
+    batch: Batch, block_size: int, causal_context: bool = False, cut: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[B, 1, 2L, 2L] mask over ``[x_t || x_0]`` (True = attend).
+
+    ``cut`` [B, L] (default: each token's block start): a noisy row reads the clean stream before its cut and
+    the noisy rows of its block from the cut on."""
     same = batch.same_doc()
     blk = torch.div(batch.positions, block_size, rounding_mode="floor")
+    if cut is None:
+        cut = blk * block_size
     bq, bk = blk.unsqueeze(-1), blk.unsqueeze(-2)
-    noisy_noisy = same & (bq == bk)
-    noisy_clean = same & (bk < bq)
+    pk = batch.positions.unsqueeze(-2)
+    noisy_noisy = same & (bq == bk) & (pk >= cut.unsqueeze(-1))
+    noisy_clean = same & (pk < cut.unsqueeze(-1))
     # the clean stream follows the model's own rule for finished text: causal with a causal context
     clean_clean = same & attention_mask("causal" if causal_context else "block_causal", batch.positions,
                                         batch.positions, block_size)
@@ -106,7 +120,7 @@ def block_diffusion_mask(batch: Batch, block_size: int, causal_context: bool = F
 
 
 def block_prediction_rows(
-    model: Transformer, batch: Batch, noisy: torch.Tensor
+    model: Transformer, batch: Batch, noisy: torch.Tensor, cut: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, L, d] hidden rows that predict each token of ``batch`` given the noisy stream ``noisy``, and the
     clean stream's hidden states [B, L, d].
@@ -118,12 +132,30 @@ def block_prediction_rows(
     L = batch.ids.shape[1]
     ids = torch.cat([noisy, batch.ids], dim=1)
     positions = torch.cat([batch.positions, batch.positions], dim=1)
-    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs, model.config.causal_context))
+    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs, model.config.causal_context, cut))
     if not model.config.token_shift:
         return hidden[:, :L], hidden[:, L:]
     idx = torch.arange(L).expand_as(batch.positions)
     src = torch.where(batch.positions % bs == 0, L + idx - 1, idx - 1).clamp_min(0)
     return hidden.gather(1, src.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])), hidden[:, L:]
+
+
+def _draft_cuts(
+    batch: Batch, key: torch.Tensor, n_keys: int, weight: torch.Tensor, bs: int, fraction: float, gen: torch.Generator
+) -> torch.Tensor:
+    """([B, L] bool: the token's block is drawn for the draft layout, [B, L] the token's cut: the block start where
+    not drawn). A drawn block's cut is uniform from its first scored token to its end."""
+    b = key.shape[0]
+    start = torch.div(batch.positions, bs, rounding_mode="floor") * bs
+    big = torch.iinfo(torch.long).max
+    first = torch.full((b, n_keys), big, dtype=torch.long)
+    first.scatter_reduce_(1, key, torch.where(weight > 0, batch.positions, big), reduce="amin")
+    lo = torch.maximum(first.gather(1, key), start)
+    drawn = (torch.rand(b, n_keys, generator=gen) < fraction).gather(1, key) & (lo < big)
+    u = torch.rand(b, n_keys, generator=gen).gather(1, key)
+    span = (start + bs - lo).clamp_min(1)
+    cut = torch.where(drawn, lo + (u * span).long().clamp_max(span - 1), start)
+    return drawn, cut
 
 
 def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
@@ -132,13 +164,22 @@ def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Ge
     L = batch.ids.shape[1]
     blocks_per_doc = -(-L // bs)
     key = batch.doc * blocks_per_doc + torch.div(batch.positions, bs, rounding_mode="floor")
-    t = _noise_levels(key, int(key.max()) + 1, s, gen)
+    n_keys = int(key.max()) + 1
+    t = _noise_levels(key, n_keys, s, gen)
     masked = (torch.rand(batch.ids.shape, generator=gen) < t) & (weight > 0)
-    if model.config.token_shift:
-        masked &= batch.positions > 0  # a segment's first token has nothing before it to be predicted from
+    cut, scored = None, masked
+    if s.draft_fraction > 0:
+        if not model.config.causal_context:
+            raise ValueError("draft_fraction needs a model with causal_context (drafts read a causal clean stream)")
+        drawn, cut = _draft_cuts(batch, key, n_keys, weight, bs, s.draft_fraction, gen)
+        masked = torch.where(drawn, (batch.positions >= cut) & (weight > 0), masked)
+        scored = torch.where(drawn, (batch.positions > cut) & (weight > 0), masked)
+        t = torch.where(drawn, torch.ones_like(t), t)
+    if model.config.token_shift:  # a segment's first token has nothing before it to be predicted from
+        masked, scored = masked & (batch.positions > 0), scored & (batch.positions > 0)
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
-    rows, clean = block_prediction_rows(model, batch, noisy)
-    out = _masked_loss(model, rows, batch.ids, masked, t, weight, s)
+    rows, clean = block_prediction_rows(model, batch, noisy, cut)
+    out = _masked_loss(model, rows, batch.ids, scored, t, weight, s)
     if s.ar_weight > 0:
         if not (model.config.causal_context and model.config.token_shift):
             raise ValueError("ar_weight needs a model with causal_context and token_shift (a causal clean stream)")

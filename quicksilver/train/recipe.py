@@ -63,6 +63,7 @@ class TrainSpec(_Strict):
     t_max: float = Field(1.0, gt=0, le=1)
     weighting: Literal["elbo", "flat"] = "elbo"
     ar_weight: float = Field(0.0, ge=0)  # block objective with causal_context: weight of the clean stream's AR loss
+    draft_fraction: float = Field(0.0, ge=0, le=1)  # block objective, causal_context: blocks in the draft layout
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(1, gt=0)
