@@ -124,7 +124,9 @@ class DecodeState:
         if self.mode == "causal":
             self.block = 1
         elif speculating:
-            self.block = cfg.block_size  # the noisy copy is always one whole model block
+            # the clean stream is causal, so the walk and the drafts need not stop at block ends: the answer
+            # is one block (set below, once its length is known)
+            self.block = cfg.block_size
         else:
             self.block = params.block_size or (cfg.block_size if self.mode == "block_causal" else 32)
         self.cache_mode = params.cache
@@ -145,6 +147,8 @@ class DecodeState:
             )
         mb = self.model_block
         buf_len = -(-self.total // mb) * mb + (params.lookahead if self.mode == "bidirectional" else 0)
+        if speculating:
+            self.block = buf_len
         self.tokens = torch.full((buf_len,), self.mask_id, dtype=torch.long)
         self.tokens[: self.prompt_len] = torch.tensor(list(prompt_ids), dtype=torch.long)
         self.committed = torch.zeros(buf_len, dtype=torch.bool)

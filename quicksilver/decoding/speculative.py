@@ -6,8 +6,12 @@ one forward can carry two copies of the block being decoded:
 
 * the clean copy: the committed tokens followed by the previous step's drafts, attended causally. Its
   output at position p - 1 is the model's next-token distribution for p given the tokens fed before p;
-* the noisy copy: the rest of the block from the frontier, masks (and any pinned tokens), attended
+* the noisy copy: a span of positions from the frontier, masks (and any pinned tokens), attended
   bidirectionally among themselves and causally to the verified tokens. Its outputs are the next drafts.
+
+Since the clean stream is causal, neither copy stops at a model block's end: the walk commits, and the noisy
+copy drafts, straight across it (training only ever showed the noisy rows one block at a time, but drafts are
+proposals; on the suite this gained 5% tokens per forward, docs/performance.md section 7).
 
 Verification walks from the frontier. The clean copy's token for the frontier is committed; while it
 equals the draft that was fed there, the clean output one position on was computed from committed tokens
@@ -113,7 +117,6 @@ class SelfSpeculation:
     def layout(self, state: DecodeState) -> tuple[Layout, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The forward for this step: (layout, input ids, positions, attention mask [T, cached + T])."""
         mb, f, be = state.model_block, state.frontier, state.block_end
-        bs = f // mb * mb  # start of the model block being decoded
         c0 = min(state.cache.length, f - 1) if state.cache is not None else 0
         stop = min(be, f + self.window)
         known = state.committed[f:stop] | (self.drafts[f:stop] != self.mask_id)
@@ -123,9 +126,11 @@ class SelfSpeculation:
         # the noisy copy starts at the frontier: the verified tokens before it are read from their clean keys
         # (training showed the noisy block its committed tokens in-block; on the test suite reading them from
         # the cache instead saves most of the block's rows for a small loss in accepted drafts). It ends at
-        # ``span`` rows: docs/performance.md section 7 has the measured trade-offs.
+        # ``span`` rows, running on into the next model block when the frontier is near a block's end (the
+        # clean stream is causal, so nothing needs the block to be finished first); span 0: the rest of the
+        # model block. docs/performance.md section 7 has the measured trade-offs.
         ns = f
-        ne = bs + mb if self.span == 0 else min(bs + mb, ns + self.span)
+        ne = (f // mb + 1) * mb if self.span == 0 else min(len(state.tokens), ns + self.span)
         noisy_pos = torch.arange(ns, ne)
         # the clean copy predicts the frontier and every fed position after it (not past the block's end)
         verify = torch.arange(f, min(ce, be - 1) + 1)
