@@ -5,7 +5,7 @@
 Each held-out suite prompt is decoded greedily with ``self_speculative`` (the model's causal greedy answer;
 its real tokens per forward is the first figure printed). Then, teacher-forced over that answer, every
 frontier f gets the noisy rows the decoder shows the model there: the answer before f read through the
-causal clean stream, then 20 masks from f on. Printed:
+causal clean stream, then masks from f on (as many as the decoder's noisy rows). Printed:
 
 * ``offset k``: how often the draft for f + k (noisy row f + k - 1) is the answer's token;
 * ``run of k``: how often the drafts for f + 1 .. f + k are all right (what the exact walk needs);
@@ -23,21 +23,22 @@ import torch
 
 from quicksilver.bench.workload import suite_prompts
 from quicksilver.decoding import Decoder
+from quicksilver.decoding.speculative import SelfSpeculation
 from quicksilver.loading import load_model
 from quicksilver.tasks import SUITE
 
 OFFSETS = 8  # drafts verified per forward by one request (speculative.WINDOWS)
-NOISY_ROWS = 20  # the decoder's noisy span at that window
+NOISY_ROWS = SelfSpeculation(1, 0, OFFSETS).span  # the decoder's noisy rows at that window
 SETS = (1, 2, 4, 8)
 
 
 def teacher_forced_drafts(model, seq: torch.Tensor, start: int, cross: bool) -> dict[int, dict[int, int]]:
     """{frontier f: {position: draft}} for every frontier of the answer ``seq[start:]``. ``cross``: the noisy
-    rows run on past the block's end (20 rows from f)."""
+    rows run on past the block's end (the decoder's span from f; without it they stop there)."""
     cfg = model.config
     out = {}
     for f in range(start, len(seq) - 1):
-        end = f + NOISY_ROWS if cross else (f // cfg.block_size + 1) * cfg.block_size
+        end = f + NOISY_ROWS if cross else min(f + NOISY_ROWS, (f // cfg.block_size + 1) * cfg.block_size)
         ids = torch.cat([seq[:f], torch.full((end - f,), cfg.mask_token_id)])
         pos = torch.arange(end)
         mask = (pos[:, None] >= pos[None, :]) | (pos >= f)[:, None]  # causal text, then masks seeing everything

@@ -138,8 +138,9 @@ def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int, 
 
 def test_draft_layout_rows_are_what_self_speculative_decoding_computes():
     """A block trained in the draft layout (``draft_fraction``) scores each token after its cut from the row the
-    self-speculative decoder reads that token's draft from: the committed text before the frontier through the
-    causal clean stream, then masks from the frontier to the block's end, attending to each other."""
+    self-speculative decoder reads that token's draft from when its noisy rows run to the block's end (span 0):
+    the committed text before the frontier through the causal clean stream, then masks from the frontier to the
+    block's end, attending to each other."""
     from quicksilver.train.objectives import block_prediction_rows
 
     tok = tiny_tokenizer()
@@ -168,7 +169,7 @@ def test_draft_layout_rows_are_what_self_speculative_decoding_computes():
     assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
 
 
-def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_context():
+def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_clean_stream():
     from quicksilver.train import objectives
 
     tok = tiny_tokenizer()
@@ -201,6 +202,18 @@ def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_cont
                     first, n = int(scored.nonzero()[0]), int(scored.sum())
                     assert scored[first:first + n].all()
     assert torch.all(seen["t"][seen["masked"]] == 1.0)
+    # rainbow pads after the cut are hidden from the drafts even when they are not scored (pad_weight 0)
+    real_rows = objectives.block_prediction_rows
+    objectives.block_prediction_rows = lambda m, b, noisy, cut=None: (seen.update(noisy=noisy, cut=cut),
+                                                                      real_rows(m, b, noisy, cut))[1]
+    try:
+        objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0, pad_weight=0.0),
+                              torch.Generator().manual_seed(2))
+    finally:
+        objectives.block_prediction_rows = real_rows
+    pads_after_cut = (batch.region == PAD) & (batch.positions >= seen["cut"]) & (batch.positions % bs != 0)
+    assert pads_after_cut.any()
+    assert torch.all(seen["noisy"][pads_after_cut] == cfg.mask_token_id)
     plain = build_model(model_config(shifted_block_recipe(False), tok), 0)
     with pytest.raises(ValueError, match="causal_context"):
         objectives.block_loss(plain, batch, NoiseSettings(draft_fraction=0.5), torch.Generator())

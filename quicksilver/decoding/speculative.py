@@ -72,11 +72,12 @@ class Layout:
         return self.clean_start + self.fed.numel()
 
 
-# Draft window by how many speculating requests share a forward. Every request adds about 3 x window + 5 rows,
+# Draft window by how many speculating requests share a forward. Every request adds about 2 x window + 3 rows,
 # and on this CPU a forward's time jumps once its rows pass a few dozen. `benchmarks/speculative_layout.py
 # --batches 1,2,4,8,32` on the 12,400-step default (session 12, under training load, noisy), tokens/s for
 # windows 8 / 4 / 2: 1 request 216 / 225 / 174, 2: 238 / 260 / 245, 4: 288 / 361 / 389, 8: 400 / 459 / 381,
-# 32: 369 / 376 / 395; one request alone, 2 rounds of the layout table: 175 / 158 / 162 (docs/performance.md).
+# 32: 369 / 376 / 395; one request alone, 2 rounds of the layout table: 175 / 158 / 162 (docs/performance.md;
+# measured with the noisy span of that time, 2 x window + 4).
 WINDOWS = ((1, 8), (8, 4))  # (up to this many requests, window); more requests: 2
 
 
@@ -110,9 +111,11 @@ class SelfSpeculation:
 
     @property
     def span(self) -> int:
-        """Noisy rows per forward: a little past what the next step can verify (two windows); 0 = the rest
-        of the block."""
-        return 2 * self.window + 4 if self.fixed_span is None else self.fixed_span
+        """Noisy rows per forward: the window and two more; 0 = the rest of the model block. Runs of right
+        drafts are short (benchmarks/draft_accuracy.py), so drafts further out seldom pay for their rows:
+        against two windows + 4 this gave ~5% fewer tokens per forward and 8-11% more tokens/s alone and in
+        batches (session 15, docs/performance.md section 7)."""
+        return self.window + 2 if self.fixed_span is None else self.fixed_span
 
     def layout(self, state: DecodeState) -> tuple[Layout, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The forward for this step: (layout, input ids, positions, attention mask [T, cached + T])."""

@@ -14,8 +14,10 @@
             ``draft_fraction`` trains that share of blocks in the layout self-speculative decoding uses instead:
             a cut c in the block, every answer token from c on masked, the noisy rows reading the clean (causal)
             stream before c and each other, scored on the tokens after c (c itself is the clean stream's to
-            predict). That is what the drafts see at decode time (TiDAR trains its drafter so), where random
-            noise inside the block showed the noisy rows committed tokens they never see there.
+            predict). That is how the drafts see the text at decode time (TiDAR trains its drafter so), where
+            random noise inside the block showed the noisy rows committed tokens they never see there. The noisy
+            rows run to the block's end, as the decoder's do with ``span`` 0; its default span is shorter and
+            crosses block ends, so the match is not exact (docs/performance.md section 7).
 * ``ar``    next-token cross-entropy for the causal twin (token_shift: hidden i predicts token i+1).
 
 Losses are divided by the number of answer tokens (not masked tokens), which makes the diffusion loss
@@ -142,7 +144,7 @@ def block_prediction_rows(
 
 def _draft_cuts(
     batch: Batch, key: torch.Tensor, n_keys: int, weight: torch.Tensor, bs: int, fraction: float, gen: torch.Generator
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, L] bool: the token's block is drawn for the draft layout, [B, L] the token's cut: the block start where
     not drawn). A drawn block's cut is uniform from its first scored token to its end."""
     b = key.shape[0]
@@ -169,10 +171,13 @@ def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Ge
     masked = (torch.rand(batch.ids.shape, generator=gen) < t) & (weight > 0)
     cut, scored = None, masked
     if s.draft_fraction > 0:
-        if not model.config.causal_context:
-            raise ValueError("draft_fraction needs a model with causal_context (drafts read a causal clean stream)")
+        if not (model.config.causal_context and model.config.token_shift):
+            raise ValueError("draft_fraction needs a model with causal_context and token_shift (drafts read a causal "
+                             "clean stream, which predicts the token at the cut)")
         drawn, cut = _draft_cuts(batch, key, n_keys, weight, bs, s.draft_fraction, gen)
-        masked = torch.where(drawn, (batch.positions >= cut) & (weight > 0), masked)
+        # everything after the cut is unknown at decode time, rainbow pads too (even when they are not scored)
+        answer = (batch.region == RESPONSE) | (batch.region == PAD)
+        masked = torch.where(drawn, (batch.positions >= cut) & answer, masked)
         scored = torch.where(drawn, (batch.positions > cut) & (weight > 0), masked)
         t = torch.where(drawn, torch.ones_like(t), t)
     if model.config.token_shift:  # a segment's first token has nothing before it to be predicted from
