@@ -136,11 +136,12 @@ def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int, 
     assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
 
 
-def test_draft_layout_rows_are_what_self_speculative_decoding_computes():
+@pytest.mark.parametrize("span", [0, 4])
+def test_draft_layout_rows_are_what_self_speculative_decoding_computes(span: int):
     """A block trained in the draft layout (``draft_fraction``) scores each token after its cut from the row the
-    self-speculative decoder reads that token's draft from when its noisy rows run to the block's end (span 0):
-    the committed text before the frontier through the causal clean stream, then masks from the frontier to the
-    block's end, attending to each other."""
+    self-speculative decoder reads that token's draft from: the committed text before the frontier through the
+    causal clean stream, then masks from the frontier, attending to each other - to the block's end (decoder span
+    0, ``draft_span`` 0) or ``span`` of them (a fixed decoder span, ``draft_span``)."""
     from quicksilver.train.objectives import block_prediction_rows
 
     tok = tiny_tokenizer()
@@ -151,21 +152,26 @@ def test_draft_layout_rows_are_what_self_speculative_decoding_computes():
     batch = packer.next_batch()
     bs = cfg.block_size
     assert int((batch.doc[0] == 0).sum()) >= bs * 3
-    f, end = bs * 2 + 3, bs * 3  # frontier and the end of its block
+    f = bs * 2 + 1  # the frontier
+    end = f + span if span else bs * 3  # end of the noisy rows
+    last = f + span if span else bs * 3 - 1  # the last position drafted (row last - 1)
+    assert last < bs * 3
     cut = torch.div(batch.positions, bs, rounding_mode="floor") * bs
-    cut[0, bs * 2:end] = f
+    cut[0, bs * 2:bs * 3] = f
+    stop = torch.full_like(cut, torch.iinfo(torch.long).max)
+    stop[0, bs * 2:bs * 3] = f + span
     noisy = batch.ids.masked_fill(torch.rand(batch.ids.shape, generator=torch.Generator().manual_seed(0)) < 0.5,
                                   cfg.mask_token_id)
     noisy[0, bs * 2:f] = batch.ids[0, bs * 2:f]
-    noisy[0, f:end] = cfg.mask_token_id
+    noisy[0, f:bs * 3] = cfg.mask_token_id
     with torch.no_grad():
-        trained = model.logits(block_prediction_rows(model, batch, noisy, cut)[0][0, f + 1:end])
+        rows = block_prediction_rows(model, batch, noisy, cut, stop if span else None)[0]
+        trained = model.logits(rows[0, f + 1:last + 1])
         ids = torch.cat([batch.ids[0, :f], torch.full((end - f,), cfg.mask_token_id)]).unsqueeze(0)
         pos = torch.arange(end)
-        clean_rows = pos[:, None] >= pos[None, :]
-        mask = clean_rows | (pos >= f)[:, None]  # noisy rows: the committed text and every noisy row
+        mask = (pos[:, None] >= pos[None, :]) | (pos >= f)[:, None]  # noisy rows: the committed text and each other
         hidden, _ = model(ids, pos[None], mask=mask[None, None])
-        decoded = model.logits(hidden[0, f:end - 1])
+        decoded = model.logits(hidden[0, f:last])
     assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
 
 
@@ -202,10 +208,20 @@ def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_clea
                     first, n = int(scored.nonzero()[0]), int(scored.sum())
                     assert scored[first:first + n].all()
     assert torch.all(seen["t"][seen["masked"]] == 1.0)
+    objectives._masked_loss = spy
+    try:  # with draft_span, only the span after each cut is scored
+        objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0, draft_span=3),
+                              torch.Generator().manual_seed(1))
+    finally:
+        objectives._masked_loss = real
+    key = (torch.arange(batch.ids.shape[0])[:, None] * 100 + batch.doc) * 1000 + blk  # one key per row, segment, block
+    counts = torch.zeros(int(key.max()) + 1, dtype=torch.long).index_add_(0, key[seen["masked"]],
+                                                                        torch.ones_like(key[seen["masked"]]))
+    assert 0 < int(counts.max()) <= 3
     # rainbow pads after the cut are hidden from the drafts even when they are not scored (pad_weight 0)
     real_rows = objectives.block_prediction_rows
-    objectives.block_prediction_rows = lambda m, b, noisy, cut=None: (seen.update(noisy=noisy, cut=cut),
-                                                                      real_rows(m, b, noisy, cut))[1]
+    objectives.block_prediction_rows = lambda m, b, noisy, cut=None, stop=None: (
+        seen.update(noisy=noisy, cut=cut), real_rows(m, b, noisy, cut, stop))[1]
     try:
         objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0, pad_weight=0.0),
                               torch.Generator().manual_seed(2))

@@ -298,7 +298,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         eos_id=tok.eos_id, pad_ids=list(cfg.stop_token_ids), filler_id=tok.pad_id, block_size=cfg.block_size,
     )
     loss_fn = LOSSES[recipe.objective]
-    noise = NoiseSettings(tr.t_min, tr.t_max, tr.weighting, recipe.data.pad_weight, tr.ar_weight, tr.draft_fraction)
+    noise = NoiseSettings(tr.t_min, tr.t_max, tr.weighting, recipe.data.pad_weight, tr.ar_weight, tr.draft_fraction,
+                          tr.draft_span)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if tr.bf16 else nullcontext
     reporter = _Reporter(run_dir, world.is_main, opts.progress, total, step)
     reporter.event(event="resume" if resume_path else ("init_from" if opts.init_from else "start"), step=step,

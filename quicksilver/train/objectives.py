@@ -16,8 +16,9 @@
             stream before c and each other, scored on the tokens after c (c itself is the clean stream's to
             predict). That is how the drafts see the text at decode time (TiDAR trains its drafter so), where
             random noise inside the block showed the noisy rows committed tokens they never see there. The noisy
-            rows run to the block's end, as the decoder's do with ``span`` 0; its default span is shorter and
-            crosses block ends, so the match is not exact (docs/performance.md section 7).
+            rows run to the block's end, as the decoder's do with ``span`` 0, or ``draft_span`` rows from the cut,
+            as with its default span (which also crosses block ends, where training stops; docs/performance.md
+            section 7).
 * ``ar``    next-token cross-entropy for the causal twin (token_shift: hidden i predicts token i+1).
 
 Losses are divided by the number of answer tokens (not masked tokens), which makes the diffusion loss
@@ -48,6 +49,7 @@ class NoiseSettings:
     pad_weight: float = 1.0  # loss weight of rainbow pads relative to answer tokens
     ar_weight: float = 0.0  # block objective with causal_context: weight of the clean stream's next-token loss
     draft_fraction: float = 0.0  # block objective with causal_context: share of blocks noised as decode drafts
+    draft_span: int = 0  # noisy rows of a draft-layout block from its cut (0: to the block's end)
 
 
 @dataclass
@@ -99,12 +101,13 @@ def mdlm_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Gen
 
 
 def block_diffusion_mask(
-    batch: Batch, block_size: int, causal_context: bool = False, cut: torch.Tensor | None = None
+    batch: Batch, block_size: int, causal_context: bool = False, cut: torch.Tensor | None = None,
+    stop: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, 1, 2L, 2L] mask over ``[x_t || x_0]`` (True = attend).
 
     ``cut`` [B, L] (default: each token's block start): a noisy row reads the clean stream before its cut and
-    the noisy rows of its block from the cut on."""
+    the noisy rows of its block from the cut on, up to ``stop`` [B, L] (exclusive; default: the block's end)."""
     same = batch.same_doc()
     blk = torch.div(batch.positions, block_size, rounding_mode="floor")
     if cut is None:
@@ -112,6 +115,8 @@ def block_diffusion_mask(
     bq, bk = blk.unsqueeze(-1), blk.unsqueeze(-2)
     pk = batch.positions.unsqueeze(-2)
     noisy_noisy = same & (bq == bk) & (pk >= cut.unsqueeze(-1))
+    if stop is not None:  # rows past the stop still see themselves, so no row is left without a key
+        noisy_noisy = (noisy_noisy & (pk < stop.unsqueeze(-1))) | (same & (pk == batch.positions.unsqueeze(-1)))
     noisy_clean = same & (pk < cut.unsqueeze(-1))
     # the clean stream follows the model's own rule for finished text: causal with a causal context
     clean_clean = same & attention_mask("causal" if causal_context else "block_causal", batch.positions,
@@ -122,7 +127,8 @@ def block_diffusion_mask(
 
 
 def block_prediction_rows(
-    model: Transformer, batch: Batch, noisy: torch.Tensor, cut: torch.Tensor | None = None
+    model: Transformer, batch: Batch, noisy: torch.Tensor, cut: torch.Tensor | None = None,
+    stop: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, L, d] hidden rows that predict each token of ``batch`` given the noisy stream ``noisy``, and the
     clean stream's hidden states [B, L, d].
@@ -134,7 +140,7 @@ def block_prediction_rows(
     L = batch.ids.shape[1]
     ids = torch.cat([noisy, batch.ids], dim=1)
     positions = torch.cat([batch.positions, batch.positions], dim=1)
-    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs, model.config.causal_context, cut))
+    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs, model.config.causal_context, cut, stop))
     if not model.config.token_shift:
         return hidden[:, :L], hidden[:, L:]
     idx = torch.arange(L).expand_as(batch.positions)
@@ -169,7 +175,7 @@ def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Ge
     n_keys = int(key.max()) + 1
     t = _noise_levels(key, n_keys, s, gen)
     masked = (torch.rand(batch.ids.shape, generator=gen) < t) & (weight > 0)
-    cut, scored = None, masked
+    cut, stop, scored = None, None, masked
     if s.draft_fraction > 0:
         if not (model.config.causal_context and model.config.token_shift):
             raise ValueError("draft_fraction needs a model with causal_context and token_shift (drafts read a causal "
@@ -179,11 +185,14 @@ def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Ge
         answer = (batch.region == RESPONSE) | (batch.region == PAD)
         masked = torch.where(drawn, (batch.positions >= cut) & answer, masked)
         scored = torch.where(drawn, (batch.positions > cut) & (weight > 0), masked)
+        if s.draft_span > 0:  # the decoder's noisy rows: span of them from the frontier, drafting up to cut + span
+            stop = torch.where(drawn, cut + s.draft_span, torch.iinfo(torch.long).max)
+            scored &= batch.positions <= stop
         t = torch.where(drawn, torch.ones_like(t), t)
     if model.config.token_shift:  # a segment's first token has nothing before it to be predicted from
         masked, scored = masked & (batch.positions > 0), scored & (batch.positions > 0)
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
-    rows, clean = block_prediction_rows(model, batch, noisy, cut)
+    rows, clean = block_prediction_rows(model, batch, noisy, cut, stop)
     out = _masked_loss(model, rows, batch.ids, scored, t, weight, s)
     if s.ar_weight > 0:
         if not (model.config.causal_context and model.config.token_shift):

@@ -64,6 +64,7 @@ class TrainSpec(_Strict):
     weighting: Literal["elbo", "flat"] = "elbo"
     ar_weight: float = Field(0.0, ge=0)  # block objective with causal_context: weight of the clean stream's AR loss
     draft_fraction: float = Field(0.0, ge=0, le=1)  # block objective, causal_context: blocks in the draft layout
+    draft_span: int = Field(0, ge=0)  # noisy rows of a draft-layout block from its cut (0: to the block end)
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(1, gt=0)
