@@ -135,7 +135,8 @@ class SelfSpeculation:
         ns = f
         ne = (f // mb + 1) * mb if self.span == 0 else min(len(state.tokens), ns + self.span)
         noisy_pos = torch.arange(ns, ne)
-        # the clean copy predicts the frontier and every fed position after it (not past the block's end)
+        # the clean copy predicts the frontier and every fed position after it (not past the answer's end, which is
+        # a speculating state's block end)
         verify = torch.arange(f, min(ce, be - 1) + 1)
         de = min(be, ne + 1)
         later = torch.arange(f + 1, de)
