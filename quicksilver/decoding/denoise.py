@@ -121,14 +121,6 @@ class DecodeState:
         speculating = params.policy == "self_speculative" and self.mode != "causal"
         if speculating:
             check_supported(cfg, params)
-        if self.mode == "causal":
-            self.block = 1
-        elif speculating:
-            # the clean stream is causal, so the walk and the drafts need not stop at block ends: the answer
-            # is one block (set below, once its length is known)
-            self.block = cfg.block_size
-        else:
-            self.block = params.block_size or (cfg.block_size if self.mode == "block_causal" else 32)
         self.cache_mode = params.cache
         if self.cache_mode == "auto":
             self.cache_mode = ("dual" if params.lookahead else "prefix") if self.mode == "bidirectional" else "exact"
@@ -147,8 +139,14 @@ class DecodeState:
             )
         mb = self.model_block
         buf_len = -(-self.total // mb) * mb + (params.lookahead if self.mode == "bidirectional" else 0)
-        if speculating:
+        if self.mode == "causal":
+            self.block = 1
+        elif speculating:
+            # the clean stream is causal, so the walk and the drafts need not stop at block ends: the answer
+            # region is one block
             self.block = buf_len
+        else:
+            self.block = params.block_size or (cfg.block_size if self.mode == "block_causal" else 32)
         self.tokens = torch.full((buf_len,), self.mask_id, dtype=torch.long)
         self.tokens[: self.prompt_len] = torch.tensor(list(prompt_ids), dtype=torch.long)
         self.committed = torch.zeros(buf_len, dtype=torch.bool)
