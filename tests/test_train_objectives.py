@@ -103,6 +103,12 @@ def shifted_block_recipe(causal_context: bool = False, **train_overrides) -> Rec
                              "train": {**TOY_RECIPE["train"], **train_overrides}})
 
 
+def toy_batch(tok, cfg, seed: int, rows: int):
+    """One packed batch of ``rows`` rows of 64 tokens from the toy stream, laid out for ``cfg``'s blocks."""
+    return RowPacker(lambda s: toy_stream(tok, seed, s), 0, 64, rows, tok.eos_id, list(cfg.stop_token_ids),
+                     tok.pad_id, cfg.block_size).next_batch()
+
+
 @pytest.mark.parametrize("causal_context", [False, True])
 @pytest.mark.parametrize("offset", [0, 3])  # the first masked token at a block start, and inside a block
 def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int, causal_context: bool):
@@ -116,9 +122,7 @@ def test_shifted_block_training_rows_are_what_the_decoder_computes(offset: int, 
     cfg = model_config(recipe, tok)
     assert cfg.attention_mode == "block_causal" and cfg.token_shift and cfg.causal_context == causal_context
     model = build_model(cfg, 0).eval()
-    packer = RowPacker(lambda s: toy_stream(tok, 5, s), 0, 64, 1, tok.eos_id, list(cfg.stop_token_ids), tok.pad_id,
-                       cfg.block_size)
-    batch = packer.next_batch()
+    batch = toy_batch(tok, cfg, 5, 1)
     seg = int((batch.doc[0] == 0).sum())
     bs = cfg.block_size
     q = bs * 2 + offset  # mask q .. end of its block
@@ -147,9 +151,7 @@ def test_draft_layout_rows_are_what_self_speculative_decoding_computes(span: int
     tok = tiny_tokenizer()
     cfg = model_config(shifted_block_recipe(True), tok)
     model = build_model(cfg, 0).eval()
-    packer = RowPacker(lambda s: toy_stream(tok, 5, s), 0, 64, 1, tok.eos_id, list(cfg.stop_token_ids), tok.pad_id,
-                       cfg.block_size)
-    batch = packer.next_batch()
+    batch = toy_batch(tok, cfg, 5, 1)
     bs = cfg.block_size
     assert int((batch.doc[0] == 0).sum()) >= bs * 3
     f = bs * 2 + 1  # the frontier
@@ -175,15 +177,13 @@ def test_draft_layout_rows_are_what_self_speculative_decoding_computes(span: int
     assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
 
 
-def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_clean_stream():
+def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_clean_stream(monkeypatch):
     from quicksilver.train import objectives
 
     tok = tiny_tokenizer()
     cfg = model_config(shifted_block_recipe(True), tok)
     model = build_model(cfg, 0)
-    packer = RowPacker(lambda s: toy_stream(tok, 9, s), 0, 64, 2, tok.eos_id, list(cfg.stop_token_ids), tok.pad_id,
-                       cfg.block_size)
-    batch = packer.next_batch()
+    batch = toy_batch(tok, cfg, 9, 2)
     seen = {}
     real = objectives._masked_loss
 
@@ -191,11 +191,8 @@ def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_clea
         seen.update(masked=masked, t=t)
         return real(model, hidden, targets, masked, t, weight, s)
 
-    objectives._masked_loss = spy
-    try:
-        out = objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0), torch.Generator().manual_seed(1))
-    finally:
-        objectives._masked_loss = real
+    monkeypatch.setattr(objectives, "_masked_loss", spy)
+    out = objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0), torch.Generator().manual_seed(1))
     assert torch.isfinite(out.loss) and out.scored > 0
     bs = cfg.block_size
     blk = batch.positions // bs
@@ -208,25 +205,23 @@ def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_clea
                     first, n = int(scored.nonzero()[0]), int(scored.sum())
                     assert scored[first:first + n].all()
     assert torch.all(seen["t"][seen["masked"]] == 1.0)
-    objectives._masked_loss = spy
-    try:  # with draft_span, only the span after each cut is scored
-        objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0, draft_span=3),
-                              torch.Generator().manual_seed(1))
-    finally:
-        objectives._masked_loss = real
+    # with draft_span, only the span after each cut is scored
+    objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0, draft_span=3),
+                          torch.Generator().manual_seed(1))
     key = (torch.arange(batch.ids.shape[0])[:, None] * 100 + batch.doc) * 1000 + blk  # one key per row, segment, block
     counts = torch.zeros(int(key.max()) + 1, dtype=torch.long).index_add_(0, key[seen["masked"]],
                                                                         torch.ones_like(key[seen["masked"]]))
     assert 0 < int(counts.max()) <= 3
     # rainbow pads after the cut are hidden from the drafts even when they are not scored (pad_weight 0)
     real_rows = objectives.block_prediction_rows
-    objectives.block_prediction_rows = lambda m, b, noisy, cut=None, stop=None: (
-        seen.update(noisy=noisy, cut=cut), real_rows(m, b, noisy, cut, stop))[1]
-    try:
-        objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0, pad_weight=0.0),
-                              torch.Generator().manual_seed(2))
-    finally:
-        objectives.block_prediction_rows = real_rows
+
+    def rows_spy(model, batch, noisy, cut=None, stop=None):
+        seen.update(noisy=noisy, cut=cut)
+        return real_rows(model, batch, noisy, cut, stop)
+
+    monkeypatch.setattr(objectives, "block_prediction_rows", rows_spy)
+    objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0, pad_weight=0.0),
+                          torch.Generator().manual_seed(2))
     pads_after_cut = (batch.region == PAD) & (batch.positions >= seen["cut"]) & (batch.positions % bs != 0)
     assert pads_after_cut.any()
     assert torch.all(seen["noisy"][pads_after_cut] == cfg.mask_token_id)
@@ -253,9 +248,7 @@ def test_causal_context_clean_stream_is_the_ar_model_and_ar_weight_adds_its_loss
     tok = tiny_tokenizer()
     cfg = model_config(shifted_block_recipe(True), tok)
     model = build_model(cfg, 0).eval()
-    packer = RowPacker(lambda s: toy_stream(tok, 7, s), 0, 64, 2, tok.eos_id, list(cfg.stop_token_ids), tok.pad_id,
-                       cfg.block_size)
-    batch = packer.next_batch()
+    batch = toy_batch(tok, cfg, 7, 2)
     noisy = batch.ids.masked_fill(torch.rand(batch.ids.shape) < 0.5, cfg.mask_token_id)
     with torch.no_grad():
         _, clean = block_prediction_rows(model, batch, noisy)
