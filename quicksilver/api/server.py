@@ -54,6 +54,7 @@ from quicksilver.api.protocol import (
 )
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.decoding import GenerationResult
+from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from quicksilver.engine import (
     Engine,
     EngineClosed,
@@ -295,7 +296,8 @@ def _usage(prompt_tokens: int, results: Sequence[GenerationResult]) -> dict[str,
     completion = sum(r.stats.tokens for r in results)
     return {
         "prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": max((r.stats.cached_tokens for r in results), default=0),
+                                  "audio_tokens": 0},
         "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
                                       "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
     }
@@ -411,8 +413,10 @@ def create_app(
     served_model_name: str | None = None,
     max_batch: int = 32,
     max_queue: int = 256,
+    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
 ) -> FastAPI:
-    """Build the FastAPI app. ``engine_or_model`` is an Engine, a LoadedModel, or a model name/folder."""
+    """Build the FastAPI app. ``engine_or_model`` is an Engine, a LoadedModel, or a model name/folder;
+    ``prefix_cache_mb`` sizes the prefix cache shared by requests (0: off) of an engine built here."""
     if isinstance(engine_or_model, Engine):
         engine = engine_or_model
     else:
@@ -420,7 +424,7 @@ def create_app(
             from quicksilver.loading import load_model
 
             engine_or_model = load_model(None if engine_or_model is None else str(engine_or_model))
-        engine = Engine(engine_or_model, max_batch=max_batch, max_queue=max_queue)
+        engine = Engine(engine_or_model, max_batch=max_batch, max_queue=max_queue, prefix_cache_mb=prefix_cache_mb)
     names = [served_model_name or engine.loaded.name]
     state = ServerState(engine, api_key, names, index_path)
 

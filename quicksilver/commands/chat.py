@@ -56,6 +56,7 @@ def _open_calls(history: list[dict]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from quicksilver.decoding import Decoder
+    from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
     from quicksilver.loading import load_model
     from quicksilver.structured.answer import client_answer
     from quicksilver.structured.request import constraint_factory
@@ -81,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     factories = {user_choice: constraints_for(user_choice)}
     if tools:  # after a tool result the model may answer in text
         factories["auto"] = constraints_for("auto")
-    decoder = Decoder(loaded.model, tok, params)
+    # every turn resends the conversation: earlier turns' keys come from the prefix cache
+    prefix_cache = PrefixCache.for_model(loaded.model.config, loaded.model.dtype, DEFAULT_PREFIX_CACHE_MB)
+    decoder = Decoder(loaded.model, tok, params, prefix_cache)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []
     interactive = sys.stdin.isatty()

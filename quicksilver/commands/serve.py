@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
@@ -16,6 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model-name", help="model id clients must send (default: the model folder's name)")
     p.add_argument("--max-batch", type=int, default=32, help="requests decoded together per forward")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 429")
+    p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB,
+                   help="memory for keys of prompt prefixes shared between requests, e.g. a system prompt, tool "
+                        f"list or earlier turns (block-causal and causal models; 0 turns it off; default "
+                        f"{DEFAULT_PREFIX_CACHE_MB:g})")
     p.add_argument("--index", help="retrieval index file for requests with \"retrieval\": {\"k\": N}")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="seconds to finish in-flight requests after SIGTERM")
@@ -34,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.index}: index file not found")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
+    if args.prefix_cache_mb < 0:
+        raise ValueError("--prefix-cache-mb must be >= 0")
     import torch
     import uvicorn
 
@@ -44,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
-                     served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue)
+                     served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue,
+                     prefix_cache_mb=args.prefix_cache_mb)
     print(f"quicksilver serve: model {loaded.name!r} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.shutdown_timeout)

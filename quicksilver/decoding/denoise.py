@@ -28,6 +28,7 @@ import torch
 from quicksilver.decoding.constraints import Constraint
 from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
+from quicksilver.decoding.prefix_cache import PrefixCache
 from quicksilver.decoding.speculative import Layout, SelfSpeculation, check_supported
 from quicksilver.model import KV, Transformer, config_mask
 from quicksilver.sampling import SamplingParams, make_generator, sample_tokens
@@ -43,6 +44,7 @@ class DecodeStats:
     tokens: int = 0  # tokens returned to the user (the EOS and anything after it are not counted)
     committed: int = 0  # canvas positions committed, padding after EOS included
     remasked: int = 0
+    cached_tokens: int = 0  # prompt tokens whose keys came from the prefix cache (not recomputed)
     started: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     wall_time: float = 0.0
@@ -56,15 +58,16 @@ class DecodeStats:
         return self.tokens / self.wall_time if self.wall_time else 0.0
 
     def line(self) -> str:
+        cached = f", {self.cached_tokens} prompt tokens cached" if self.cached_tokens else ""
         return (
             f"{self.tokens} tokens, {self.forwards} forwards, {self.tokens_per_forward:.2f} tokens/forward, "
-            f"{self.wall_time:.3f} s, {self.tokens_per_second:.1f} tokens/s"
+            f"{self.wall_time:.3f} s, {self.tokens_per_second:.1f} tokens/s{cached}"
         )
 
     def to_dict(self) -> dict:
         return {
             "tokens": self.tokens, "forwards": self.forwards, "steps": self.steps,
-            "committed": self.committed, "remasked": self.remasked,
+            "committed": self.committed, "remasked": self.remasked, "cached_tokens": self.cached_tokens,
             "tokens_per_forward": round(self.tokens_per_forward, 4),
             "wall_time_s": round(self.wall_time, 6), "tokens_per_second": round(self.tokens_per_second, 3),
             "time_to_first_token_s": None if self.first_token_time is None
@@ -161,6 +164,8 @@ class DecodeState:
             if self.cache_mode else None
         )
         self.stats = DecodeStats()
+        # the decoder copies a shared prefix into the cache before the first forward (on its own thread)
+        self.prefix_pending = self.cache_mode == "exact" and decoder.prefix_cache is not None
         self.finished = False
         self.finish_reason: str | None = None
         self.end_pos: int | None = None  # first committed end-of-answer token
@@ -405,10 +410,17 @@ class DecodeState:
 class Decoder:
     """Runs batched diffusion decoding steps for a model (the "model runner" and loop)."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, defaults: SamplingParams | None = None):
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        defaults: SamplingParams | None = None,
+        prefix_cache: PrefixCache | None = None,
+    ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.defaults = defaults or SamplingParams()
+        self.prefix_cache = prefix_cache  # keys of earlier requests' prefixes, shared by every request
 
     def start(
         self,
@@ -428,6 +440,11 @@ class Decoder:
         speculating = [s.speculation for s in live if s.speculation is not None]
         for spec in speculating:
             spec.set_batch(len(speculating))
+        if self.prefix_cache is not None:
+            for s in live:
+                if s.prefix_pending:
+                    s.prefix_pending = False
+                    s.stats.cached_tokens = self.prefix_cache.restore(s.tokens[: s.prompt_len], s.cache, s.prompt_len)
         plans = [s.plan() for s in live]
         # ONE forward for every state, inputs packed without padding (an admitted prompt's prefill rides along
         # with the one-block decode steps of the others), then ONE vocabulary projection for all wanted rows
@@ -441,6 +458,8 @@ class Decoder:
                 st.cache.write(pos, new_kv, slice(row, row + n))
             st.needs_refresh = False
             st.apply(plan, logits, self)
+            if st.finished and self.prefix_cache is not None and st.cache_mode == "exact":
+                self.prefix_cache.insert(st.tokens, st.cache)
 
     def _forward_packed(self, plans: list[_Plan]) -> tuple[torch.Tensor, list[list[KV]]]:
         """One forward for all plans, their inputs packed row after row (no padding): see

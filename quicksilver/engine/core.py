@@ -26,6 +26,7 @@ import torch
 
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.decoding import Constraint, Decoder, DecodeState, GenerationResult
+from quicksilver.decoding.prefix_cache import PrefixCache
 from quicksilver.engine.metrics import EngineMetrics
 from quicksilver.sampling import SamplingParams
 
@@ -124,13 +125,16 @@ class Engine:
         max_batch: int = 32,
         max_queue: int = 256,
         metrics: EngineMetrics | None = None,
+        prefix_cache_mb: float = 0,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if max_queue < 0:
             raise ValueError("max_queue must be >= 0")
         self.loaded = loaded
-        self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.defaults)
+        cfg = loaded.model.config
+        self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.defaults,
+                               PrefixCache.for_model(cfg, loaded.model.dtype, prefix_cache_mb))
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.metrics = metrics or EngineMetrics()
@@ -330,6 +334,8 @@ class Engine:
         if st.finished:
             result = self.decoder.result(st)
             self.metrics.generated_tokens.inc(result.stats.tokens)
+            self.metrics.prompt_tokens.inc(result.prompt_tokens)
+            self.metrics.cached_prompt_tokens.inc(result.stats.cached_tokens)
             self.metrics.tokens_per_forward.observe(result.stats.tokens_per_forward)
             self.metrics.latency.observe(time.monotonic() - h.submitted)
             self._close(h, "finished", StepUpdate(committed_ids=list(result.token_ids), canvas=canvas, result=result))

@@ -19,6 +19,11 @@ class EngineMetrics:
         self.queue_depth = Gauge("quicksilver_queue_depth", "Requests waiting for a batch slot", registry=r)
         self.running = Gauge("quicksilver_running_requests", "Requests being decoded", registry=r)
         self.generated_tokens = Counter("quicksilver_generated_tokens", "Answer tokens returned", registry=r)
+        self.prompt_tokens = Counter("quicksilver_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "quicksilver_cached_prompt_tokens", "Prompt tokens read from the prefix cache instead of computed",
+            registry=r,
+        )
         self.forwards = Counter("quicksilver_forwards", "Batched model forwards", registry=r)
         self.throughput = Gauge(
             "quicksilver_tokens_per_second", f"Tokens committed per second over the last {window_s:g} s", registry=r
