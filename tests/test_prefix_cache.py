@@ -84,7 +84,7 @@ def test_reused_keys_equal_recomputed_keys_and_answers_do_not_change(kind):
 
 def _common_len(a: list[int], b: list[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
