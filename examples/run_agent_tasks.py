@@ -18,6 +18,7 @@ from pathlib import Path
 from openai import OpenAI
 
 from quicksilver.agent import build_tools, format_step, run_agent
+from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from quicksilver.rag import Index
 
 HERE = Path(__file__).resolve().parent
@@ -30,6 +31,8 @@ def main() -> None:
     ap.add_argument("--base-url")
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB,
+                    help="in-process server: memory for the prefix cache shared by the steps (0: off)")
     ap.add_argument("--search-k", type=int, default=1,
                     help="passages per search (the shipped models were trained on 256-token conversations)")
     args = ap.parse_args()
@@ -45,7 +48,8 @@ def main() -> None:
             from quicksilver.api.server import create_app
             from quicksilver.loading import load_model
 
-            url = stack.enter_context(serve_in_thread(create_app(load_model(args.model), index_path=str(index_path))))
+            url = stack.enter_context(serve_in_thread(create_app(load_model(args.model), index_path=str(index_path),
+                                                                 prefix_cache_mb=args.prefix_cache_mb)))
         client = OpenAI(base_url=url, api_key="local", max_retries=0, timeout=600)
         model = args.model if args.base_url and args.model else client.models.list().data[0].id
         outcomes, step_times = [], []

@@ -184,3 +184,18 @@ def test_server_reports_cached_prompt_tokens():
         n = second.usage.prompt_tokens_details.cached_tokens
         assert (0 < n <= second.usage.prompt_tokens) if reused else n == 0
         assert f"quicksilver_cached_prompt_tokens_total {float(n)}" in metrics
+
+
+def test_a_prompt_is_shared_while_its_request_still_decodes():
+    model, tok = peaked("block_causal", token_shift=True, causal_context=True), tiny_tokenizer()
+    params = GREEDY.replace(policy="self_speculative")
+    shared = PrefixCache(model.config, model.dtype, 2**24)
+    dec, plain = Decoder(model, tok, params, shared), Decoder(model, tok, params)
+    ids = conversation(tok, [], "hello there")
+    first = dec.start(ids)
+    dec.step([first])
+    later = dec.start(ids)
+    dec.step([first, later])  # joins the running request's next forward
+    assert not first.finished
+    assert later.stats.cached_tokens == len(ids) // shared.chunk * shared.chunk > 0
+    assert dec.run(later).token_ids == plain.generate(ids).token_ids

@@ -166,6 +166,7 @@ class DecodeState:
         self.stats = DecodeStats()
         # the decoder copies a shared prefix into the cache before the first forward (on its own thread)
         self.prefix_pending = self.cache_mode == "exact" and decoder.prefix_cache is not None
+        self.prompt_shared = False  # the prompt's keys were offered to the prefix cache
         self.finished = False
         self.finish_reason: str | None = None
         self.end_pos: int | None = None  # first committed end-of-answer token
@@ -458,8 +459,18 @@ class Decoder:
                 st.cache.write(pos, new_kv, slice(row, row + n))
             st.needs_refresh = False
             st.apply(plan, logits, self)
-            if st.finished and self.prefix_cache is not None and st.cache_mode == "exact":
-                self.prefix_cache.insert(st.tokens, st.cache)
+            if self.prefix_cache is not None and st.cache_mode == "exact":
+                self._share_prefix(st)
+
+    def _share_prefix(self, st: DecodeState) -> None:
+        """Offer a request's keys to the prefix cache: its prompt as soon as the cache holds it (so requests that
+        arrive while it decodes can reuse it), and everything, answer included, when it finishes."""
+        chunk = self.prefix_cache.chunk
+        if st.finished:
+            self.prefix_cache.insert(st.tokens, st.cache)
+        elif not st.prompt_shared and st.cache.length >= st.prompt_len // chunk * chunk:
+            st.prompt_shared = True
+            self.prefix_cache.insert(st.tokens[: st.prompt_len], st.cache)
 
     def _forward_packed(self, plans: list[_Plan]) -> tuple[torch.Tensor, list[list[KV]]]:
         """One forward for all plans, their inputs packed row after row (no padding): see
