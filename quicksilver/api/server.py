@@ -54,6 +54,7 @@ from quicksilver.api.protocol import (
 )
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.decoding import GenerationResult
+from quicksilver.decoding.denoise import DEFAULT_PREFILL_CHUNK
 from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from quicksilver.engine import (
     Engine,
@@ -414,9 +415,11 @@ def create_app(
     max_batch: int = 32,
     max_queue: int = 256,
     prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
 ) -> FastAPI:
     """Build the FastAPI app. ``engine_or_model`` is an Engine, a LoadedModel, or a model name/folder;
-    ``prefix_cache_mb`` sizes the prefix cache shared by requests (0: off) of an engine built here."""
+    ``prefix_cache_mb`` sizes the prefix cache shared by requests (0: off) and ``prefill_chunk`` caps the prompt
+    tokens a request computes per forward (None: whole prompts) of an engine built here."""
     if isinstance(engine_or_model, Engine):
         engine = engine_or_model
     else:
@@ -424,7 +427,8 @@ def create_app(
             from quicksilver.loading import load_model
 
             engine_or_model = load_model(None if engine_or_model is None else str(engine_or_model))
-        engine = Engine(engine_or_model, max_batch=max_batch, max_queue=max_queue, prefix_cache_mb=prefix_cache_mb)
+        engine = Engine(engine_or_model, max_batch=max_batch, max_queue=max_queue, prefix_cache_mb=prefix_cache_mb,
+                        prefill_chunk=prefill_chunk)
     names = [served_model_name or engine.loaded.name]
     state = ServerState(engine, api_key, names, index_path)
 

@@ -56,6 +56,7 @@ def _open_calls(history: list[dict]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from quicksilver.decoding import Decoder
+    from quicksilver.decoding.denoise import DEFAULT_PREFILL_CHUNK
     from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
     from quicksilver.loading import load_model
     from quicksilver.structured.answer import client_answer
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         factories["auto"] = constraints_for("auto")
     # every turn resends the conversation: earlier turns' keys come from the prefix cache
     prefix_cache = PrefixCache.for_model(loaded.model.config, loaded.model.dtype, DEFAULT_PREFIX_CACHE_MB)
-    decoder = Decoder(loaded.model, tok, params, prefix_cache)
+    decoder = Decoder(loaded.model, tok, params, prefix_cache, DEFAULT_PREFILL_CHUNK)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []
     interactive = sys.stdin.isatty()

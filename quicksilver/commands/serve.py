@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from quicksilver.decoding.denoise import DEFAULT_PREFILL_CHUNK
 from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 
 
@@ -22,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory for keys of prompt prefixes shared between requests, e.g. a system prompt, tool "
                         f"list or earlier turns (block-causal and causal models; 0 turns it off; default "
                         f"{DEFAULT_PREFIX_CACHE_MB:g})")
+    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                   help="most prompt tokens a request computes per forward, so a long prompt does not stall the "
+                        f"requests decoding beside it (0: whole prompts at once; default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--index", help="retrieval index file for requests with \"retrieval\": {\"k\": N}")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="seconds to finish in-flight requests after SIGTERM")
@@ -42,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--threads must be >= 1")
     if args.prefix_cache_mb < 0:
         raise ValueError("--prefix-cache-mb must be >= 0")
+    if args.prefill_chunk < 0:
+        raise ValueError("--prefill-chunk must be >= 0")
     import torch
     import uvicorn
 
@@ -53,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.model)
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
                      served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue,
-                     prefix_cache_mb=args.prefix_cache_mb)
+                     prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk or None)
     print(f"quicksilver serve: model {loaded.name!r} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.shutdown_timeout)

@@ -36,6 +36,10 @@ from quicksilver.tokenizer import Tokenizer
 
 _request_ids = itertools.count()
 
+# prompt tokens a served request computes per forward: on the shipped default a 1,500-token prompt arriving among 8
+# decoding requests stalls their step for ~390 ms whole and ~90 ms in chunks of 256 (benchmarks/chunked_prefill.py)
+DEFAULT_PREFILL_CHUNK = 256
+
 
 @dataclass
 class DecodeStats:
@@ -98,6 +102,7 @@ class _Plan:
     reset_cache: bool = False
     mask: torch.Tensor | None = None  # [T, S + T]; None: the model's own rule over the positions
     speculative: Layout | None = None  # self-speculative step: where its two copies of the block sit
+    prefill: bool = False  # only writes prompt keys to the cache (chunked prefill): nothing to sample
 
 
 class DecodeState:
@@ -167,6 +172,8 @@ class DecodeState:
         # the decoder copies a shared prefix into the cache before the first forward (on its own thread)
         self.prefix_pending = self.cache_mode == "exact" and decoder.prefix_cache is not None
         self.prompt_shared = False  # the prompt's keys were offered to the prefix cache
+        self.causal_context = cfg.causal_context
+        self.prefill_chunk = decoder.prefill_chunk if self.cache_mode == "exact" else None
         self.finished = False
         self.finish_reason: str | None = None
         self.end_pos: int | None = None  # first committed end-of-answer token
@@ -215,6 +222,9 @@ class DecodeState:
 
     # -- planning the forward ------------------------------------------------------------------------
     def plan(self) -> _Plan:
+        prefill = self._plan_prefill()
+        if prefill is not None:
+            return prefill
         if self.speculation is not None:
             return self._plan_speculative()
         bs, be, shift = self.block_start, self.block_end, self.shift
@@ -276,6 +286,42 @@ class DecodeState:
             reset_cache=reset,
         )
 
+    def _plan_prefill(self) -> _Plan | None:
+        """Chunked prefill: while more than ``prefill_chunk`` prompt keys are missing before the rows a decoding
+        step feeds, compute the next chunk of them alone, so a long prompt does not stall every request that
+        shares its forwards (vLLM's chunked prefill). Keys are final once computed: the cache stays exact."""
+        if not self.prefill_chunk:
+            return None
+        mb, done = self.model_block, self.cache.length
+        if self.speculation is not None:
+            end = self.frontier - 1  # the first clean row a speculative step feeds
+        elif self.mode == "causal":
+            end = self.block_start - self.shift
+        else:  # whole model blocks before the block the first fed row is in
+            end = (self.block_start - self.shift) // mb * mb
+        if end - done <= self.prefill_chunk:
+            return None
+        # keys of a causal stream may stop anywhere; without a causal context a block's keys need the whole block
+        whole_blocks = self.mode == "block_causal" and self.speculation is None
+        n = min(end - done, max(mb, self.prefill_chunk // mb * mb) if whole_blocks else self.prefill_chunk)
+        positions = torch.arange(done, done + n)
+        mask = None  # the model's own rule: causal, or whole blocks attending among themselves
+        if self.mode == "block_causal" and self.causal_context:
+            # finished blocks are causal text; the model's rule would read the chunk's last block as the block
+            # being decoded (bidirectional)
+            mask = torch.arange(done + n)[None, :] <= positions[:, None]
+        return _Plan(
+            input_ids=self.tokens[done : done + n],
+            positions=positions,
+            past=self.cache.view(done) if done else None,
+            past_positions=torch.arange(done),
+            logit_rows=torch.zeros(0, dtype=torch.long),
+            logit_positions=torch.zeros(0, dtype=torch.long),
+            store=(0, done, n),
+            mask=mask,
+            prefill=True,
+        )
+
     def _plan_speculative(self) -> _Plan:
         lay, ids, positions, mask = self.speculation.layout(self)
         c0 = lay.clean_start
@@ -300,6 +346,8 @@ class DecodeState:
     def apply(self, plan: _Plan, logits: torch.Tensor, decoder: Decoder) -> None:
         self.stats.forwards += 1
         self.stats.steps += 1
+        if plan.prefill:
+            return
         if plan.speculative is not None:
             pos = self.speculation.apply(self, plan.speculative, logits, decoder.tokenizer)
         else:
@@ -417,11 +465,16 @@ class Decoder:
         tokenizer: Tokenizer,
         defaults: SamplingParams | None = None,
         prefix_cache: PrefixCache | None = None,
+        prefill_chunk: int | None = None,
     ):
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 token, got {prefill_chunk}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.defaults = defaults or SamplingParams()
         self.prefix_cache = prefix_cache  # keys of earlier requests' prefixes, shared by every request
+        # most prompt tokens one request computes per forward (None: the whole prompt in its first forward)
+        self.prefill_chunk = prefill_chunk
 
     def start(
         self,

@@ -126,6 +126,7 @@ class Engine:
         max_queue: int = 256,
         metrics: EngineMetrics | None = None,
         prefix_cache_mb: float = 0,
+        prefill_chunk: int | None = None,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -134,7 +135,7 @@ class Engine:
         self.loaded = loaded
         cfg = loaded.model.config
         self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.defaults,
-                               PrefixCache.for_model(cfg, loaded.model.dtype, prefix_cache_mb))
+                               PrefixCache.for_model(cfg, loaded.model.dtype, prefix_cache_mb), prefill_chunk)
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.metrics = metrics or EngineMetrics()
