@@ -142,6 +142,9 @@ def test_models_without_an_exact_cache_get_none_and_bad_sizes_are_refused():
         PrefixCache.for_model(causal, torch.float32, -1)
     with pytest.raises(ValueError, match="whole model blocks"):
         PrefixCache(tiny_model("block_causal").config, torch.float32, 2**20, chunk=12)
+    bf16 = KVCache(causal.num_hidden_layers, causal.num_key_value_heads, causal.head_dim, torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16"):
+        PrefixCache(causal, torch.float32, 2**20).insert(torch.arange(40), bf16)
 
 
 def test_engine_answers_in_bf16_are_the_same_with_the_cache():
@@ -199,3 +202,61 @@ def test_a_prompt_is_shared_while_its_request_still_decodes():
     assert not first.finished
     assert later.stats.cached_tokens == len(ids) // shared.chunk * shared.chunk > 0
     assert dec.run(later).token_ids == plain.generate(ids).token_ids
+
+
+def context_model(seed: int = 1) -> torch.nn.Module:
+    """Weights at input scale and a blank mask embedding: predictions depend on the context, so
+    self-correction really revises tokens (the default tiny init predicts nearly one token everywhere)."""
+    model = tiny_model("block_causal", seed=seed, block_size=4, tie_word_embeddings=False)
+    g = torch.Generator().manual_seed(1000 + seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * (1.0 if "embed" in name else p.shape[1] ** -0.5))
+        model.embed_tokens.weight[model.config.mask_token_id].zero_()
+        model.lm_head.weight.mul_(3.0)
+    return model
+
+
+@pytest.mark.parametrize("decode_block", [3, 8])
+def test_revisable_tokens_never_reach_a_cache(decode_block):
+    """With self-correction, a decode block that is not inside one model block can revise tokens of a model
+    block that is already finished: their keys must not be cached (per request or shared) until they are final."""
+    model, tok = context_model(), tiny_tokenizer()
+    editing = SamplingParams(max_tokens=24, ignore_eos=True, block_size=decode_block, threshold=0.5,
+                             edit_threshold=0.2)
+    follow_up = SamplingParams(max_tokens=16, ignore_eos=True)
+    revised = 0
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(3, tok.vocab_size, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
+        shared = PrefixCache(model.config, model.dtype, 2**24)
+        cached, plain = Decoder(model, tok, None, shared), Decoder(model, tok)
+        first = cached.start(prompt, editing)
+        answer = cached.run(first)
+        revised += first.stats.remasked
+        assert answer.token_ids == plain.generate(prompt, editing.replace(cache="none")).token_ids, seed
+        ids = prompt + answer.token_ids
+        assert cached.generate(ids, follow_up).token_ids == plain.generate(ids, follow_up).token_ids, seed
+    assert revised > 0  # the case was exercised
+
+
+def test_completions_usage_counts_each_prompts_cached_tokens_once():
+    tok = tiny_tokenizer()
+    model = peaked("causal")
+    lm = LoadedModel(model, tok, GREEDY, Path("tiny"), "tiny")
+    a, b = SYSTEM[:150], SYSTEM[40:] + " and more"
+    app = create_app(lm, served_model_name="tiny", prefix_cache_mb=64)
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+        alone = [client.completions.create(model="tiny", prompt=p, max_tokens=4, temperature=0) for p in (a, b)]
+        both = client.completions.create(model="tiny", prompt=[a, b], n=2, max_tokens=4, temperature=0)
+        stream = client.completions.create(model="tiny", prompt=[a, b], n=2, max_tokens=4, temperature=0,
+                                           stream=True, stream_options={"include_usage": True})
+        streamed = [c.usage for c in stream if c.usage is not None][-1]
+    chunk = app.state.qs.engine.decoder.prefix_cache.chunk
+    expected = sum(len(tok.encode(p)) // chunk * chunk for p in (a, b))  # every whole chunk of each prompt
+    assert [r.usage.prompt_tokens_details.cached_tokens for r in alone] == [0, 0]
+    assert both.usage.prompt_tokens_details.cached_tokens == expected > 0
+    assert streamed.prompt_tokens_details.cached_tokens == expected
+    assert both.usage.prompt_tokens == streamed.prompt_tokens == sum(r.usage.prompt_tokens for r in alone)

@@ -293,12 +293,15 @@ async def _results_or_disconnect(request: Request, handles: list[RequestHandle])
             h.cancel()
 
 
-def _usage(prompt_tokens: int, results: Sequence[GenerationResult]) -> dict[str, Any]:
+def _usage(prompt_tokens: int, results: Sequence[GenerationResult], choices_per_prompt: int = 1) -> dict[str, Any]:
+    """OpenAI usage for ``results``: ``choices_per_prompt`` consecutive results per prompt, each prompt counted
+    once in ``prompt_tokens`` (and so in the cached tokens: the most any of its choices read from the cache)."""
     completion = sum(r.stats.tokens for r in results)
+    k = max(1, choices_per_prompt)
+    cached = sum(max(r.stats.cached_tokens for r in results[i : i + k]) for i in range(0, len(results), k))
     return {
         "prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": max((r.stats.cached_tokens for r in results), default=0),
-                                  "audio_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
         "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
                                       "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
     }
@@ -524,7 +527,7 @@ def create_app(
         body: dict[str, Any] = {
             "id": rid, "object": "chat.completion", "created": created, "model": req.model,
             "system_fingerprint": state.fingerprint, "service_tier": None, "choices": choices,
-            "usage": _usage(len(plan.prompt_ids), results),
+            "usage": _usage(len(plan.prompt_ids), results, len(results)),
             "diffusion_stats": [r.stats.to_dict() for r in results],
         }
         if sources is not None:
@@ -555,7 +558,7 @@ def create_app(
                    for i, r in enumerate(results)]
         return {"id": rid, "object": "text_completion", "created": created, "model": req.model,
                 "system_fingerprint": state.fingerprint, "choices": choices,
-                "usage": _usage(prompt_tokens, results)}
+                "usage": _usage(prompt_tokens, results, req.n)}
 
     app.include_router(v1)
     try:  # the RAG engineer's embeddings endpoint, when installed
@@ -877,7 +880,7 @@ async def _stream_chat(
             yield chunk([choice(i, {}, fin["finish_reason"])])
         if include_usage:
             done = [r for r in results if r is not None]
-            yield chunk([], _usage(len(plan.prompt_ids), done))
+            yield chunk([], _usage(len(plan.prompt_ids), done, len(done)))
         yield "data: [DONE]\n\n"
     finally:
         for h in handles:  # a client that disconnected frees its slots at the next step
@@ -891,7 +894,7 @@ async def _stream_completion(
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     streamers = [TextStreamer(state.tokenizer, stops) for _ in handles]
-    results: list[GenerationResult] = []
+    results: list[GenerationResult | None] = [None] * len(handles)  # in handle order: n choices per prompt
 
     def chunk(i: int, text: str, finish: str | None = None) -> str:
         body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
@@ -914,12 +917,12 @@ async def _stream_completion(
                 if delta:
                     yield chunk(i, delta)
                 continue
-            results.append(u.result)
+            results[i] = u.result
             yield chunk(i, streamers[i].finish(u.result.text), u.result.finish_reason)
         if include_usage:
             yield _sse({"id": rid, "object": "text_completion", "created": created, "model": req.model,
                         "system_fingerprint": state.fingerprint, "choices": [],
-                        "usage": _usage(prompt_tokens, results)})
+                        "usage": _usage(prompt_tokens, [r for r in results if r is not None], req.n)})
         yield "data: [DONE]\n\n"
     finally:
         for h in handles:

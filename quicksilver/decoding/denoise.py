@@ -264,6 +264,8 @@ class DecodeState:
                 past = self.cache.view(start) if start else None
                 store_end = self.frontier if self.mode == "causal" else self.frontier // mb * mb
                 store_end = min(store_end, end)
+                if self.correction is not None:  # a decode block that spans model blocks may still revise them
+                    store_end = min(store_end, self.block_start // mb * mb)
                 if store_end > self.cache.length:
                     n = store_end - self.cache.length
                     store = (self.cache.length - start, self.cache.length, n)

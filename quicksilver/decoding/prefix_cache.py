@@ -47,6 +47,7 @@ class PrefixCache:
         self.chunk = chunk or (cfg.block_size if cfg.attention_mode == "block_causal" else 32)
         if cfg.attention_mode == "block_causal" and self.chunk % cfg.block_size:
             raise ValueError(f"prefix cache chunks must be whole model blocks ({cfg.block_size} tokens)")
+        self.dtype = dtype
         itemsize = torch.empty(0, dtype=dtype).element_size()
         self.chunk_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * self.chunk * cfg.head_dim * itemsize
         self.max_chunks = max_bytes // self.chunk_bytes
@@ -86,6 +87,7 @@ class PrefixCache:
         ``limit``; returns its length in tokens."""
         if cache.length:
             raise ValueError("a prefix can only be restored into an empty cache")
+        self._check_dtype(cache)
         digests = self._digests(ids[:limit])
         with self._lock:
             self.queried_tokens += len(ids)
@@ -109,28 +111,29 @@ class PrefixCache:
     def insert(self, ids: torch.Tensor, cache: KVCache) -> int:
         """Offer the whole chunks of a cache holding the keys of ``ids`` (positions 0..cache.length-1); returns
         how many chunks were new."""
+        self._check_dtype(cache)
         n = min(cache.length, len(ids))
         digests = self._digests(ids[:n])
         if not digests or self.max_chunks == 0:
             return 0
-        with self._lock:
-            new = [i for i, d in enumerate(digests) if d not in self._chunks]
         layers = cache.view(len(digests) * self.chunk)
-        added = {}
-        for i in new:
-            sl = slice(i * self.chunk, (i + 1) * self.chunk)
-            added[digests[i]] = torch.stack([torch.cat([k[:, :, sl] for k, _ in layers]),
-                                             torch.cat([v[:, :, sl] for _, v in layers])])
+        added = 0
         with self._lock:
-            for d in reversed(digests):
-                kv = added.get(d)
-                if kv is not None and d not in self._chunks:
-                    self._chunks[d] = kv
-                elif d in self._chunks:
-                    self._chunks.move_to_end(d)
+            for i, d in enumerate(digests):
+                if d not in self._chunks:
+                    sl = slice(i * self.chunk, (i + 1) * self.chunk)
+                    self._chunks[d] = torch.stack([torch.cat([k[:, :, sl] for k, _ in layers]),
+                                                   torch.cat([v[:, :, sl] for _, v in layers])])
+                    added += 1
+            for d in reversed(digests):  # the head of a prefix stays longer than its tail
+                self._chunks.move_to_end(d)
             while len(self._chunks) > self.max_chunks:
                 self._chunks.popitem(last=False)
-        return len(added)
+        return added
+
+    def _check_dtype(self, cache: KVCache) -> None:
+        if cache.dtype != self.dtype:
+            raise ValueError(f"this prefix cache holds {self.dtype} keys, the request's cache {cache.dtype}")
 
     def clear(self) -> None:
         with self._lock:
