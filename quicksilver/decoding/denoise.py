@@ -36,8 +36,9 @@ from quicksilver.tokenizer import Tokenizer
 
 _request_ids = itertools.count()
 
-# prompt tokens a served request computes per forward: on the shipped default a 1,500-token prompt arriving among 8
-# decoding requests stalls their step for ~390 ms whole and ~90 ms in chunks of 256 (benchmarks/chunked_prefill.py)
+# prompt tokens a served request computes per forward. On the shipped default, 1,500-token prompts arriving among 8
+# decoding requests made their p99 step 349 ms whole and 92 ms in chunks of 256; alone, such a prompt's first token
+# came in 209 ms instead of 268 (benchmarks/chunked_prefill.py, docs/performance.md section 8)
 DEFAULT_PREFILL_CHUNK = 256
 
 
