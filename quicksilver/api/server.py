@@ -697,13 +697,14 @@ def _summed_stats(results: Sequence[GenerationResult]) -> dict[str, Any]:
     """Diffusion stats of all rounds added up (rates recomputed); time to first token counts from the start of
     the first round to the first committed token of the final answer, searches included."""
     stats = [r.stats for r in results]
-    tokens, forwards = sum(s.tokens for s in stats), sum(s.forwards for s in stats)
+    tokens, steps = sum(s.tokens for s in stats), sum(s.steps for s in stats)
     wall = sum(s.wall_time for s in stats)
     last, first = stats[-1], stats[0]
     return {
-        "tokens": tokens, "forwards": forwards, "steps": sum(s.steps for s in stats),
+        "tokens": tokens, "forwards": sum(s.forwards for s in stats),
+        "prefill_forwards": sum(s.prefill_forwards for s in stats), "steps": steps,
         "committed": sum(s.committed for s in stats), "remasked": sum(s.remasked for s in stats),
-        "tokens_per_forward": round(tokens / forwards if forwards else 0.0, 4),
+        "tokens_per_forward": round(tokens / steps if steps else 0.0, 4),
         "wall_time_s": round(wall, 6), "tokens_per_second": round(tokens / wall if wall else 0.0, 3),
         "time_to_first_token_s": None if last.first_token_time is None
         else round(last.first_token_time - first.started, 6),

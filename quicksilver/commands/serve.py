@@ -25,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"{DEFAULT_PREFIX_CACHE_MB:g})")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
                    help="most prompt tokens a request computes per forward, so a long prompt does not stall the "
-                        f"requests decoding beside it (0: whole prompts at once; default {DEFAULT_PREFILL_CHUNK})")
+                        "requests decoding beside it (rounded to whole blocks for block-causal models without a "
+                        "causal context; bidirectional models always prefill whole; 0: whole prompts at once; "
+                        f"default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--index", help="retrieval index file for requests with \"retrieval\": {\"k\": N}")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="seconds to finish in-flight requests after SIGTERM")

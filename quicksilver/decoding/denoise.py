@@ -44,8 +44,9 @@ DEFAULT_PREFILL_CHUNK = 256
 
 @dataclass
 class DecodeStats:
-    forwards: int = 0
-    steps: int = 0
+    forwards: int = 0  # every forward this request took part in
+    prefill_forwards: int = 0  # of which only computed prompt keys (chunked prefill): nothing could be committed
+    steps: int = 0  # decoding steps: the other forwards
     tokens: int = 0  # tokens returned to the user (the EOS and anything after it are not counted)
     committed: int = 0  # canvas positions committed, padding after EOS included
     remasked: int = 0
@@ -56,7 +57,10 @@ class DecodeStats:
 
     @property
     def tokens_per_forward(self) -> float:
-        return self.tokens / self.forwards if self.forwards else 0.0
+        """Tokens per decoding forward: prefill-only forwards are left out, so the figure measures the decoder
+        whatever the prompt's length or the server's prefill chunk (the first decoding forward carries the rest
+        of the prompt, as an unchunked first forward carries all of it)."""
+        return self.tokens / self.steps if self.steps else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -71,7 +75,8 @@ class DecodeStats:
 
     def to_dict(self) -> dict:
         return {
-            "tokens": self.tokens, "forwards": self.forwards, "steps": self.steps,
+            "tokens": self.tokens, "forwards": self.forwards, "prefill_forwards": self.prefill_forwards,
+            "steps": self.steps,
             "committed": self.committed, "remasked": self.remasked, "cached_tokens": self.cached_tokens,
             "tokens_per_forward": round(self.tokens_per_forward, 4),
             "wall_time_s": round(self.wall_time, 6), "tokens_per_second": round(self.tokens_per_second, 3),
@@ -172,7 +177,7 @@ class DecodeState:
         self.stats = DecodeStats()
         # the decoder copies a shared prefix into the cache before the first forward (on its own thread)
         self.prefix_pending = self.cache_mode == "exact" and decoder.prefix_cache is not None
-        self.prompt_shared = False  # the prompt's keys were offered to the prefix cache
+        self.shared_len = 0  # prompt tokens whose keys were offered to the prefix cache
         self.causal_context = cfg.causal_context
         self.prefill_chunk = decoder.prefill_chunk if self.cache_mode == "exact" else None
         self.finished = False
@@ -293,7 +298,9 @@ class DecodeState:
         """Chunked prefill: while more than ``prefill_chunk`` prompt keys are missing before the rows a decoding
         step feeds, compute the next chunk of them alone, so a long prompt does not stall every request that
         shares its forwards (vLLM's chunked prefill). Keys are final once computed: the cache stays exact."""
-        if not self.prefill_chunk:
+        if not self.prefill_chunk or self.frontier >= self._answer_end():  # nothing left to decode: no prefill
+            return None
+        if self.constraint is not None and self.constraint.finished(self):  # e.g. an answer pinned whole
             return None
         mb, done = self.model_block, self.cache.length
         if self.speculation is not None:
@@ -348,18 +355,20 @@ class DecodeState:
     # -- applying a step -------------------------------------------------------------------------------
     def apply(self, plan: _Plan, logits: torch.Tensor, decoder: Decoder) -> None:
         self.stats.forwards += 1
-        self.stats.steps += 1
         if plan.prefill:
+            self.stats.prefill_forwards += 1
             return
+        self.stats.steps += 1
         if plan.speculative is not None:
             pos = self.speculation.apply(self, plan.speculative, logits, decoder.tokenizer)
         else:
             pos = self._unmask(plan.logit_positions, logits)
         self.stats.committed += int(pos.numel())
-        if self.stats.first_token_time is None and bool((pos == self.prompt_len).any()):
-            self.stats.first_token_time = time.perf_counter()
         self.step_in_block += 1
         self._after_commit(decoder)
+        # the first token is out once the answer's start is committed, by this step or (pinned) before it
+        if self.stats.first_token_time is None and (bool((pos == self.prompt_len).any()) or self.committed_prefix_len):
+            self.stats.first_token_time = time.perf_counter()
 
     def _unmask(self, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Revise and commit from this step's logits at ``positions``; returns the positions committed."""
@@ -519,14 +528,17 @@ class Decoder:
                 self._share_prefix(st)
 
     def _share_prefix(self, st: DecodeState) -> None:
-        """Offer a request's keys to the prefix cache: its prompt as soon as the cache holds it (so requests that
-        arrive while it decodes can reuse it), and everything, answer included, when it finishes."""
-        chunk = self.prefix_cache.chunk
+        """Offer a request's keys to the prefix cache: its prompt's whole chunks as soon as they are computed (so
+        requests that arrive meanwhile reuse them, during a chunked prefill too), and everything, answer
+        included, when it finishes."""
         if st.finished:
             self.prefix_cache.insert(st.tokens, st.cache)
-        elif not st.prompt_shared and st.cache.length >= st.prompt_len // chunk * chunk:
-            st.prompt_shared = True
-            self.prefix_cache.insert(st.tokens[: st.prompt_len], st.cache)
+            return
+        chunk = self.prefix_cache.chunk
+        whole = min(st.cache.length, st.prompt_len) // chunk * chunk
+        if whole > st.shared_len:
+            st.shared_len = whole
+            self.prefix_cache.insert(st.tokens[:whole], st.cache)
 
     def _forward_packed(self, plans: list[_Plan]) -> tuple[torch.Tensor, list[list[KV]]]:
         """One forward for all plans, their inputs packed row after row (no padding): see

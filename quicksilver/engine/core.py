@@ -106,6 +106,8 @@ class RequestHandle:
 def streamable_len(state: DecodeState) -> int:
     """Answer tokens that can no longer change. With self-correction, tokens of the current block may
     still be re-masked or edited, so only finished blocks count."""
+    if state.stats.steps == 0:  # still prefilling: even a pinned answer start waits for the first decoding step
+        return 0
     n = state.committed_prefix_len
     if state.params.remask_threshold is not None or state.params.edit_threshold is not None:
         n = min(n, max(0, state.block_start - state.prompt_len))
