@@ -40,12 +40,12 @@ def load_from_git(rev: str, rel: str, name: str, scratch: Path):
 def main() -> None:
     import tempfile
 
-    from quicksilver.bench.models import prepare
     from quicksilver.config import ModelConfig
     from quicksilver.decoding.denoise import Decoder
     from quicksilver.model import Transformer
     from quicksilver.sampling import SamplingParams
     from quicksilver.testing import tiny_tokenizer
+    from quicksilver.variants import as_variant
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rev", help="git revision of the 'old' side")
@@ -77,8 +77,8 @@ def main() -> None:
         new_m = Transformer(cfg).eval()
     old_m = old_model.Transformer(cfg).eval()
     old_m.load_state_dict(new_m.state_dict())
-    decoders = {"old": old_denoise.Decoder(prepare(old_m, a.variant), tok),
-                "new": Decoder(prepare(new_m, a.variant), tok)}
+    decoders = {"old": old_denoise.Decoder(as_variant(old_m, a.variant), tok),
+                "new": Decoder(as_variant(new_m, a.variant), tok)}
     if cfg.attention_mode == "causal":
         params = SamplingParams(max_tokens=48, ignore_eos=True)
     else:  # a fixed schedule: 8 commits per step whatever the weights

@@ -111,14 +111,14 @@ def compiled(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: i
 
 
 def _block_case(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, variant: str):
-    from quicksilver.bench.models import prepare
     from quicksilver.config import ModelConfig
     from quicksilver.model import Transformer, attention_mask
+    from quicksilver.variants import as_variant
 
     cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv, intermediate_size=inter, block_size=32, mask_token_id=3)
     torch.manual_seed(0)
-    model = prepare(Transformer(cfg), variant)
+    model = as_variant(Transformer(cfg), variant)
     ids = torch.randint(4, vocab, (1, 232))
     pos = torch.arange(232).unsqueeze(0)
     q = pos[:, 200:]

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from quicksilver.checkpoint import CheckpointError, LoadedModel, load_pretrained
+from quicksilver.variants import PRECISIONS, as_variant
 
 MODELS_DIR = Path(__file__).parent / "models"
 DEFAULT_MODEL = "default"
@@ -40,8 +41,13 @@ def resolve_model_path(name_or_path: str | None) -> Path:
     raise ModelNotFound(f"{name}: no such model folder (shipped models: {', '.join(shipped_models()) or 'none'})")
 
 
-def load_model(name_or_path: str | None = None, dtype: torch.dtype | None = None) -> LoadedModel:
-    """Load our layout directly; hand other Hugging Face folders to the matching family adapter."""
+def load_model(
+    name_or_path: str | None = None, dtype: torch.dtype | None = None, precision: str | None = None
+) -> LoadedModel:
+    """Load our layout directly; hand other Hugging Face folders to the matching family adapter. ``precision``
+    ("bf16", "fp32" or "int8": :mod:`quicksilver.variants`) converts the loaded weights in place."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
     folder = resolve_model_path(name_or_path)
     cfg_path = folder / "config.json"
     model_type = None
@@ -58,4 +64,6 @@ def load_model(name_or_path: str | None = None, dtype: torch.dtype | None = None
         loaded = load_pretrained(folder, dtype=dtype)
     if name_or_path is None or (MODELS_DIR / str(name_or_path)).resolve() == folder.resolve():
         loaded.name = folder.name
+    if precision is not None:
+        loaded.model = as_variant(loaded.model, precision, copy=False)
     return loaded

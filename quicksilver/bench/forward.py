@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from quicksilver.bench.models import prepare, set_threads
+from quicksilver.bench.models import set_threads
 from quicksilver.model import Transformer, config_mask
+from quicksilver.variants import as_variant
 
 
 @dataclass
@@ -63,7 +64,7 @@ def forward_latency(
         cfg = base.config
         rows = 1 if cfg.attention_mode == "causal" else cfg.block_size
         for v in variants:
-            cases.append((name, v, ForwardCase(f"{name}/{v}", prepare(base, v), rows, rows)))
+            cases.append((name, v, ForwardCase(f"{name}/{v}", as_variant(base, v), rows, rows)))
     times: dict[tuple[str, str, int], list[float]] = {}
     before = torch.get_num_threads()
     try:

@@ -17,12 +17,13 @@ import torch
 from quicksilver.bench import report
 from quicksilver.bench.concurrency import concurrency_sweep, with_model
 from quicksilver.bench.forward import best, forward_latency
-from quicksilver.bench.models import prepare, set_threads
+from quicksilver.bench.models import set_threads
 from quicksilver.bench.sweep import REFERENCE, speed_grid, sweep_grid
 from quicksilver.bench.workload import Config, run_interleaved, suite_prompts, summarise
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.decoding import Decoder
 from quicksilver.decoding.speculative import can_verify
+from quicksilver.variants import as_variant
 
 
 @dataclass
@@ -193,7 +194,7 @@ def run_bench(opts: BenchOptions) -> dict:
             continue
         head = _float_variant(fwd, kind)
         for v in dict.fromkeys([head, *opts.variants]):
-            dec = Decoder(prepare(ld.model, v), ld.tokenizer, ld.defaults)
+            dec = Decoder(as_variant(ld.model, v), ld.tokenizer, ld.defaults)
             decoders[(kind, v)] = dec
             configs.append((kind, v, ld.name, ld, Config(f"{ld.name} [{v}]", dec, _base_params(ld, opts),
                                                          {"reference": v == head})))

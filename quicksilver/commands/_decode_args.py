@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 
 from quicksilver.sampling import POLICIES
+from quicksilver.variants import PRECISIONS
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="run the model in bf16, fp32 or int8 (dynamic int8 linear layers; default: as saved)")
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
+    add_model_args(p)
     p.add_argument("--policy", choices=POLICIES, help="unmasking policy")
     p.add_argument("--threshold", type=float, help="confidence threshold (threshold policy)")
     p.add_argument("--factor", type=float, help="factor rule parameter (factor policy)")

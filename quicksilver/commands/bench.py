@@ -43,8 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from quicksilver.bench import BenchOptions, run_bench
-    from quicksilver.bench.models import VARIANTS
     from quicksilver.bench.report import print_tables
+    from quicksilver.variants import VARIANTS
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip() and v.strip().lower() != "none"]
     bad = [v for v in variants if v not in VARIANTS]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from quicksilver.commands._decode_args import add_model_args
 from quicksilver.sampling import POLICIES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on the held-out verifiable task suite")
-    p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
+    add_model_args(p)
     p.add_argument("--tasks", help="comma-separated task names (default: all)")
     p.add_argument("--n", type=int, default=50, help="examples per task (default 50)")
     p.add_argument("--json", dest="json_out", help="write the full results to this JSON file")
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tool-choice needs --constrained")
     tool_choice = args.tool_choice or "auto"
     mode = f"constrained (as the API serves it; tools with tool_choice={tool_choice})" if args.constrained else "free"
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, precision=args.precision)
     changes = {k: v for k, v in (("policy", args.policy), ("threshold", args.threshold),
                                  ("block_size", args.block_size),
                                  ("accept_ratio", args.accept_ratio)) if v is not None}

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from quicksilver.commands._decode_args import add_model_args
 from quicksilver.decoding.denoise import DEFAULT_PREFILL_CHUNK
 from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
-    p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--api-key", default=os.environ.get("QUICKSILVER_API_KEY"),
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, precision=args.precision)
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
                      served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue,
                      prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk or None)

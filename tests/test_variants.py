@@ -1,0 +1,58 @@
+"""Model precisions: int8 / fp32 / bf16 copies and in-place conversions, from the API and the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from quicksilver.decoding import Decoder
+from quicksilver.loading import load_model
+from quicksilver.testing import save_tiny_model, tiny_model, tiny_tokenizer
+from quicksilver.variants import as_variant
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("variants") / "tiny", "block_causal", token_shift=True,
+                           causal_context=True)
+
+
+def test_int8_quantizes_every_linear_and_decodes_close_to_fp32():
+    model = tiny_model("block_causal", token_shift=True, causal_context=True)
+    int8 = as_variant(model, "int8")
+    linears = [m for m in int8.modules() if isinstance(m, torch.nn.Linear)]
+    quantized = [m for m in int8.modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
+    assert not linears and len(quantized) == sum(isinstance(m, torch.nn.Linear) for m in model.modules()) > 0
+    assert isinstance(next(model.modules()).layers[0].mlp.up_proj, torch.nn.Linear)  # the original is untouched
+    ids = torch.tensor(tiny_tokenizer().encode("The quick brown fox"))
+    with torch.inference_mode():
+        ref, _ = model.forward_packed(ids, torch.arange(len(ids)), [len(ids)], [None], [None])
+        out, _ = int8.forward_packed(ids, torch.arange(len(ids)), [len(ids)], [None], [None])
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max()
+    params = Decoder(model, tiny_tokenizer()).defaults.replace(max_tokens=8)
+    assert len(Decoder(int8, tiny_tokenizer()).generate("hello", params).token_ids) == 8
+
+
+def test_load_model_converts_in_place_and_refuses_unknown_precisions(model_dir):
+    loaded = load_model(str(model_dir), precision="int8")
+    assert not any(isinstance(m, torch.nn.Linear) for m in loaded.model.modules())
+    assert loaded.model.dtype == torch.float32  # activations, norms and keys stay float32
+    assert load_model(str(model_dir), precision="fp32").model.dtype == torch.float32
+    assert load_model(str(model_dir)).model.dtype == torch.bfloat16  # as saved
+    with pytest.raises(ValueError, match="unknown precision"):
+        load_model(str(model_dir), precision="int4")
+
+
+def test_generate_runs_in_int8_from_the_command_line(model_dir):
+    out = subprocess.run([sys.executable, "-m", "quicksilver.cli", "generate", "--model", str(model_dir),
+                          "--precision", "int8", "--raw", "hello", "--max-tokens", "6", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["stats"]["forwards"] >= 1
+    bad = subprocess.run([sys.executable, "-m", "quicksilver.cli", "generate", "--model", str(model_dir),
+                          "--precision", "int4", "hello"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "int4" in bad.stderr and "Traceback" not in bad.stderr
