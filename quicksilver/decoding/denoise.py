@@ -14,6 +14,9 @@ Which positions are fed to the model, and what is cached, depends on the attenti
   writes a finished block's keys is the same forward that starts the next block.
 * bidirectional: no cache (whole canvas every step), "prefix" cache or "dual" cache, both refreshed by
   a full forward at the start of each block (Fast-dLLM).
+
+An exact cache may start with keys another request computed (a :class:`PrefixCache` shared by the decoder's
+requests), and a long prompt may be computed a chunk per forward (``prefill_chunk``) before decoding starts.
 """
 
 from __future__ import annotations
