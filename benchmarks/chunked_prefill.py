@@ -6,8 +6,9 @@ A closed loop over ``Decoder.step`` (one batched forward per step, as the engine
 requests with held-out suite prompts decode continuously (a finished one is replaced at once), and every
 ``--every`` steps a long prompt (``--long`` tokens of this repository's docs plus a question) joins the batch.
 For each prefill chunk setting it reports the step time distribution (what every running request waits per
-step), the long requests' time to first token, and the aggregate useful tokens/s. Settings alternate round by
-round on the same prompts, so machine noise is shared.
+step), the long requests' time to first token, and the aggregate useful tokens/s. One discarded warm-up run goes
+first; then every round runs each setting once on the same prompts, the order rotating so that each setting goes
+first equally often, and the table gives the mean with the range over rounds.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=40, help="steps between long prompts")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--chunks", default="none,256,512")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -83,17 +84,24 @@ def main() -> None:
             add_generation_prompt=True)))
     chunks = [None if c == "none" else int(c) for c in args.chunks.split(",")]
     results: dict[str, list[dict[str, float]]] = {str(c): [] for c in chunks}
+    run(Decoder(loaded.model, tok, params), params, short, long, args.streams, args.every, args.steps)  # warm-up
     for rnd in range(args.rounds):
-        for c in chunks if rnd % 2 == 0 else chunks[::-1]:
+        for c in chunks[rnd % len(chunks):] + chunks[: rnd % len(chunks)]:
             dec = Decoder(loaded.model, tok, params, prefill_chunk=c)
             results[str(c)].append(run(dec, params, short, long, args.streams, args.every, args.steps))
     print(f"{args.model}: {args.streams} streams, a {len(long[0])}-token prompt every {args.every} steps, "
           f"{args.steps} steps, {args.rounds} rounds, {args.threads} thread(s)")
-    print(f"{'prefill chunk':>13} {'step p50 ms':>11} {'p99 ms':>7} {'max ms':>7} {'long TTFT ms':>12} {'tok/s':>6}")
+    print("mean (min-max over rounds)")
+    print(f"{'prefill chunk':>13} {'step p50 ms':>11} {'step p99 ms':>17} {'step max ms':>17} "
+          f"{'long TTFT ms':>17} {'tok/s':>17}")
+
+    def cell(rows: list[dict[str, float]], key: str, scale: float) -> str:
+        v = [scale * r[key] for r in rows]
+        return f"{statistics.mean(v):.0f} ({min(v):.0f}-{max(v):.0f})"
+
     for c, rows in results.items():
-        m = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
-        print(f"{c:>13} {1000 * m['p50']:11.1f} {1000 * m['p99']:7.1f} {1000 * m['max']:7.1f} "
-              f"{1000 * m['ttft']:12.1f} {m['tok/s']:6.1f}")
+        print(f"{c:>13} {cell(rows, 'p50', 1000):>11} {cell(rows, 'p99', 1000):>17} {cell(rows, 'max', 1000):>17} "
+              f"{cell(rows, 'ttft', 1000):>17} {cell(rows, 'tok/s', 1):>17}")
 
 
 if __name__ == "__main__":

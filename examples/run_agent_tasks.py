@@ -15,6 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import httpx
 from openai import OpenAI
 
 from quicksilver.agent import build_tools, format_step, run_agent
@@ -63,8 +64,22 @@ def main() -> None:
             outcomes.append(ok)
             print(f"=> {'PASS' if ok else 'FAIL'} ({result.stopped_because}, {len(result.steps)} steps, "
                   f"{result.total_seconds:.1f} s, forwards {result.forwards}): {t['task']}\n")
+        reuse = prefix_reuse(url)
     mean = statistics.mean(step_times) if step_times else 0.0
     print(f"success {sum(outcomes)}/{len(outcomes)}; mean latency per step {mean:.2f} s over {len(step_times)} steps")
+    if reuse is not None:
+        print(f"server totals: {reuse[1]:.0f} of {reuse[0]:.0f} prompt tokens read from the prefix cache")
+
+
+def prefix_reuse(url: str) -> tuple[float, float] | None:
+    """(prompt tokens, of which read from the prefix cache) from the server's /metrics, if it exposes them."""
+    try:
+        text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return None
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    names = ("quicksilver_prompt_tokens_total", "quicksilver_cached_prompt_tokens_total")
+    return tuple(float(values[n]) for n in names) if all(n in values for n in names) else None
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from quicksilver.engine import Engine
 from quicksilver.sampling import SamplingParams
 from quicksilver.structured import json_schema_constraint, tool_call_constraint
 from quicksilver.testing import tiny_tokenizer
-from tests.test_prefix_cache import GREEDY, KINDS, conversation, peaked
+from tests.exact_cache_cases import GREEDY, KINDS, conversation, peaked
 
 LONG = [("hi", "The quick brown fox jumps over the lazy dog. " * 4)]
 
@@ -86,9 +86,10 @@ def test_chunked_prefill_continues_from_a_restored_prefix():
     assert r.token_ids == plain.generate(ids).token_ids
 
 
-def test_a_chunk_below_one_token_is_refused():
+def test_a_chunk_of_zero_means_whole_prompts_and_a_negative_one_is_refused():
+    assert Decoder(peaked("causal"), tiny_tokenizer(), GREEDY, prefill_chunk=0).prefill_chunk is None
     with pytest.raises(ValueError, match="prefill_chunk"):
-        Decoder(peaked("causal"), tiny_tokenizer(), GREEDY, prefill_chunk=0)
+        Decoder(peaked("causal"), tiny_tokenizer(), GREEDY, prefill_chunk=-1)
 
 
 def test_a_request_arriving_during_a_chunked_prefill_reuses_the_chunks_computed_so_far():

@@ -76,6 +76,9 @@ def test_chat_json_and_tool_answers_are_valid(model_dir, tmp_path):
         (["chat", "--model", "MODEL", "--tools", "SCHEMA"], "tools must be a non-empty list"),
         (["chat", "--model", "MODEL", "--tools", "BADTOOL"], "invalid JSON schema"),
         (["chat", "--model", "MODEL", "--tool-choice", "required"], "--tool-choice needs --tools"),
+        (["serve", "--model", "MODEL", "--prefix-cache-mb", "-1"], "prefix cache size must be a number of MB >= 0"),
+        (["serve", "--model", "MODEL", "--prefix-cache-mb", "inf"], "prefix cache size must be a number of MB >= 0"),
+        (["serve", "--model", "MODEL", "--prefill-chunk", "-5"], "--prefill-chunk must be >= 0"),
     ],
 )
 def test_bad_input_is_one_line_error_not_traceback(model_dir, tmp_path, args, message):

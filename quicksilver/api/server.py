@@ -53,9 +53,7 @@ from quicksilver.api.protocol import (
     template_messages,
 )
 from quicksilver.checkpoint import LoadedModel
-from quicksilver.decoding import GenerationResult
-from quicksilver.decoding.denoise import DEFAULT_PREFILL_CHUNK
-from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB
+from quicksilver.decoding import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFIX_CACHE_MB, GenerationResult
 from quicksilver.engine import (
     Engine,
     EngineClosed,
@@ -418,11 +416,11 @@ def create_app(
     max_batch: int = 32,
     max_queue: int = 256,
     prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
-    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> FastAPI:
     """Build the FastAPI app. ``engine_or_model`` is an Engine, a LoadedModel, or a model name/folder;
     ``prefix_cache_mb`` sizes the prefix cache shared by requests (0: off) and ``prefill_chunk`` caps the prompt
-    tokens a request computes per forward (None: whole prompts) of an engine built here."""
+    tokens a request computes per forward (0: whole prompts) of an engine built here."""
     if isinstance(engine_or_model, Engine):
         engine = engine_or_model
     else:

@@ -55,9 +55,7 @@ def _open_calls(history: list[dict]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quicksilver.decoding import Decoder
-    from quicksilver.decoding.denoise import DEFAULT_PREFILL_CHUNK
-    from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
+    from quicksilver.decoding import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFIX_CACHE_MB, Decoder, PrefixCache
     from quicksilver.loading import load_model
     from quicksilver.structured.answer import client_answer
     from quicksilver.structured.request import constraint_factory

@@ -65,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
                                  ("block_size", args.block_size),
                                  ("accept_ratio", args.accept_ratio)) if v is not None}
     params = loaded.defaults.replace(**changes)
-    console.print(f"[bold]{loaded.name or loaded.path}[/bold]: {args.n} held-out examples per task, {mode} decoding",
-                  style="dim")
+    precision = args.precision or str(loaded.model.dtype).removeprefix("torch.")
+    console.print(f"[bold]{loaded.name or loaded.path}[/bold] ({precision}): {args.n} held-out examples per task, "
+                  f"{mode} decoding", style="dim")
 
     def progress(name: str, m: dict) -> None:
         console.print(f"  {name:12s} {m['accuracy']:6.1%}  ({m['tokens_per_forward']:.2f} tok/fwd)", style="dim")
@@ -75,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
                       seed=EVAL_SEED if args.seed is None else args.seed, max_tokens=args.max_tokens,
                       keep_outputs=args.outputs, on_task=progress, constrained=args.constrained,
                       tool_choice=tool_choice)
-    table = Table(title=f"quicksilver eval - {report['model']} - {'constrained' if args.constrained else 'free'}")
+    report["precision"] = precision
+    table = Table(title=f"quicksilver eval - {report['model']} ({precision}) - "
+                        f"{'constrained' if args.constrained else 'free'}")
     cols = ["task", "accuracy", "correct", "tokens/forward", "tokens/s"]
     if args.constrained:  # where the server would have answered an error (400 at build, 500 on a broken guarantee)
         cols.append("server errors")

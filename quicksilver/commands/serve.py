@@ -6,8 +6,7 @@ import argparse
 import os
 
 from quicksilver.commands._decode_args import add_model_args
-from quicksilver.decoding.denoise import DEFAULT_PREFILL_CHUNK
-from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB
+from quicksilver.decoding import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFIX_CACHE_MB, PrefixCache
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,9 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"{DEFAULT_PREFIX_CACHE_MB:g})")
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
                    help="most prompt tokens a request computes per forward, so a long prompt does not stall the "
-                        "requests decoding beside it (rounded to whole blocks for block-causal models without a "
-                        "causal context; bidirectional models always prefill whole; 0: whole prompts at once; "
-                        f"default {DEFAULT_PREFILL_CHUNK})")
+                        "requests decoding beside it (rounded down to whole model blocks, at least one, for "
+                        "block-causal models unless they decode self-speculatively; bidirectional models always "
+                        "prefill whole; "
+                        f"0: whole prompts at once; default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--index", help="retrieval index file for requests with \"retrieval\": {\"k\": N}")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="seconds to finish in-flight requests after SIGTERM")
@@ -47,10 +47,9 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.index}: index file not found")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
-    if args.prefix_cache_mb < 0:
-        raise ValueError("--prefix-cache-mb must be >= 0")
+    PrefixCache.check_size(args.prefix_cache_mb)
     if args.prefill_chunk < 0:
-        raise ValueError("--prefill-chunk must be >= 0")
+        raise ValueError("--prefill-chunk must be >= 0 (0: whole prompts at once)")
     import torch
     import uvicorn
 
@@ -62,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, precision=args.precision)
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
                      served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue,
-                     prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk or None)
-    print(f"quicksilver serve: model {loaded.name!r} on http://{args.host}:{args.port}/v1", flush=True)
+                     prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk)
+    precision = args.precision or str(loaded.model.dtype).removeprefix("torch.")
+    print(f"quicksilver serve: model {loaded.name!r} ({precision}; prefix cache {args.prefix_cache_mb:g} MB, "
+          f"prefill chunk {args.prefill_chunk or 'off'}) on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.shutdown_timeout)
     return 0

@@ -40,8 +40,8 @@ from quicksilver.tokenizer import Tokenizer
 _request_ids = itertools.count()
 
 # prompt tokens a served request computes per forward. On the shipped default, 1,500-token prompts arriving among 8
-# decoding requests made their p99 step 349 ms whole and 92 ms in chunks of 256; alone, such a prompt's first token
-# came in 209 ms instead of 268 (benchmarks/chunked_prefill.py, docs/performance.md section 8)
+# decoding requests made their p99 step 347 ms whole and 85 ms in chunks of 256; alone, such a prompt's first token
+# came in 255 ms instead of 311 (benchmarks/chunked_prefill.py, docs/performance.md section 8)
 DEFAULT_PREFILL_CHUNK = 256
 
 
@@ -71,8 +71,9 @@ class DecodeStats:
 
     def line(self) -> str:
         cached = f", {self.cached_tokens} prompt tokens cached" if self.cached_tokens else ""
+        prefill = f" ({self.prefill_forwards} prefill only)" if self.prefill_forwards else ""
         return (
-            f"{self.tokens} tokens, {self.forwards} forwards, {self.tokens_per_forward:.2f} tokens/forward, "
+            f"{self.tokens} tokens, {self.forwards} forwards{prefill}, {self.tokens_per_forward:.2f} tokens/forward, "
             f"{self.wall_time:.3f} s, {self.tokens_per_second:.1f} tokens/s{cached}"
         )
 
@@ -482,14 +483,14 @@ class Decoder:
         prefix_cache: PrefixCache | None = None,
         prefill_chunk: int | None = None,
     ):
-        if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1 token, got {prefill_chunk}")
+        if prefill_chunk is not None and prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be >= 0 tokens (0: whole prompts), got {prefill_chunk}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.defaults = defaults or SamplingParams()
         self.prefix_cache = prefix_cache  # keys of earlier requests' prefixes, shared by every request
-        # most prompt tokens one request computes per forward (None: the whole prompt in its first forward)
-        self.prefill_chunk = prefill_chunk
+        # most prompt tokens one request computes per forward (None or 0: the whole prompt in its first forward)
+        self.prefill_chunk = prefill_chunk or None
 
     def start(
         self,
@@ -513,7 +514,7 @@ class Decoder:
             for s in live:
                 if s.prefix_pending:
                     s.prefix_pending = False
-                    s.stats.cached_tokens = self.prefix_cache.restore(s.tokens[: s.prompt_len], s.cache, s.prompt_len)
+                    s.stats.cached_tokens = self.prefix_cache.restore(s.tokens[: s.prompt_len], s.cache)
         plans = [s.plan() for s in live]
         # ONE forward for every state, inputs packed without padding (an admitted prompt's prefill rides along
         # with the one-block decode steps of the others), then ONE vocabulary projection for all wanted rows

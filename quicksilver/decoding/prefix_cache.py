@@ -19,6 +19,7 @@ in bf16 a near-tie can round the other way, as with the per-request cache itself
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from collections import OrderedDict
 
@@ -31,6 +32,7 @@ _ROOT = b"quicksilver-prefix"
 
 # what a server gives the cache unless told otherwise: ~85k tokens of the shipped default (3 KB of keys a token)
 DEFAULT_PREFIX_CACHE_MB = 256.0
+CAUSAL_CHUNK = 32  # chunk of a causal model (any length is exact there): a block-causal default's block
 
 
 def supports_prefix_cache(cfg: ModelConfig) -> bool:
@@ -44,7 +46,7 @@ class PrefixCache:
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, max_bytes: int, chunk: int | None = None):
         if not supports_prefix_cache(cfg):
             raise ValueError(f"a {cfg.attention_mode} model has no exact cache to share between requests")
-        self.chunk = chunk or (cfg.block_size if cfg.attention_mode == "block_causal" else 32)
+        self.chunk = chunk or (cfg.block_size if cfg.attention_mode == "block_causal" else CAUSAL_CHUNK)
         if cfg.attention_mode == "block_causal" and self.chunk % cfg.block_size:
             raise ValueError(f"prefix cache chunks must be whole model blocks ({cfg.block_size} tokens)")
         self.dtype = dtype
@@ -53,17 +55,22 @@ class PrefixCache:
         self.max_chunks = max_bytes // self.chunk_bytes
         self._chunks: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # digest -> [2, layers, heads, chunk, dim]
         self._lock = threading.Lock()  # the engine decodes on a worker thread
-        self.hit_tokens = 0
-        self.queried_tokens = 0
+
+    @staticmethod
+    def check_size(megabytes: float) -> None:
+        """Raise ValueError unless ``megabytes`` is a usable size (a finite number >= 0; 0 turns the cache off)."""
+        if not math.isfinite(megabytes) or megabytes < 0:
+            raise ValueError(f"the prefix cache size must be a number of MB >= 0 (0: off), got {megabytes:g}")
 
     @classmethod
     def for_model(cls, cfg: ModelConfig, dtype: torch.dtype, megabytes: float) -> PrefixCache | None:
-        """The cache a server gets for ``megabytes`` of memory; None when off (0) or the model cannot share."""
-        if megabytes < 0:
-            raise ValueError(f"the prefix cache size must be >= 0 MB, got {megabytes:g}")
+        """The cache a server gets for ``megabytes`` of memory; None when off (0, or less than one chunk) or when
+        the model cannot share keys."""
+        cls.check_size(megabytes)
         if megabytes == 0 or not supports_prefix_cache(cfg):
             return None
-        return cls(cfg, dtype, int(megabytes * 2**20))
+        cache = cls(cfg, dtype, int(megabytes * 2**20))
+        return cache if cache.max_chunks else None
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -82,15 +89,14 @@ class PrefixCache:
             out.append(prev)
         return out
 
-    def restore(self, ids: torch.Tensor, cache: KVCache, limit: int) -> int:
-        """Copy into the empty ``cache`` the keys of the longest cached prefix of ``ids`` that ends at or before
-        ``limit``; returns its length in tokens."""
+    def restore(self, ids: torch.Tensor, cache: KVCache) -> int:
+        """Copy into the empty ``cache`` the keys of the longest cached run of whole chunks that starts ``ids``;
+        returns its length in tokens."""
         if cache.length:
             raise ValueError("a prefix can only be restored into an empty cache")
         self._check_dtype(cache)
-        digests = self._digests(ids[:limit])
+        digests = self._digests(ids)
         with self._lock:
-            self.queried_tokens += len(ids)
             found: list[torch.Tensor] = []
             for d in digests:
                 kv = self._chunks.get(d)
@@ -104,8 +110,6 @@ class PrefixCache:
         kv = torch.cat(found, dim=3)  # [2, layers, heads, n, dim]
         n = kv.shape[3]
         cache.write(0, [(kv[0, i][None], kv[1, i][None]) for i in range(kv.shape[1])], slice(0, n))
-        with self._lock:
-            self.hit_tokens += n
         return n
 
     def insert(self, ids: torch.Tensor, cache: KVCache) -> int:
@@ -134,7 +138,3 @@ class PrefixCache:
     def _check_dtype(self, cache: KVCache) -> None:
         if cache.dtype != self.dtype:
             raise ValueError(f"this prefix cache holds {self.dtype} keys, the request's cache {cache.dtype}")
-
-    def clear(self) -> None:
-        with self._lock:
-            self._chunks.clear()

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quicksilver.checkpoint import LoadedModel
-from quicksilver.decoding import Constraint, Decoder, DecodeState, GenerationResult
-from quicksilver.decoding.prefix_cache import PrefixCache
+from quicksilver.decoding import Constraint, Decoder, DecodeState, GenerationResult, PrefixCache
 from quicksilver.engine.metrics import EngineMetrics
 from quicksilver.sampling import SamplingParams
 
@@ -128,7 +127,7 @@ class Engine:
         max_queue: int = 256,
         metrics: EngineMetrics | None = None,
         prefix_cache_mb: float = 0,
-        prefill_chunk: int | None = None,
+        prefill_chunk: int = 0,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")

@@ -29,7 +29,7 @@ class EngineMetrics:
             "quicksilver_tokens_per_second", f"Tokens committed per second over the last {window_s:g} s", registry=r
         )
         self.tokens_per_forward = Histogram(
-            "quicksilver_request_tokens_per_forward", "Answer tokens per forward, per request",
+            "quicksilver_request_tokens_per_forward", "Answer tokens per decoding forward, per request",
             buckets=TPF_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
