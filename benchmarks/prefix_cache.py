@@ -2,43 +2,19 @@
 
     python benchmarks/prefix_cache.py [--model default] [--conversations 2] [--turns 4] [--rounds 2]
 
-Each conversation starts as a held-out suite example (its system prompt, tools and question). Every later
-turn appends the model's answer and the user message of the next held-out example of the same task, as a
-chat client resends the whole conversation. Each turn is one request decoded alone (greedy, the model's own
-decoding defaults) with a decoder that shares a prefix cache across requests and with one that does not,
-the two alternating turn by turn so machine noise is shared. The cache starts empty for every round.
-The last line counts answers that differ between the two (bf16 near-ties can round either way).
+The workload and the alternation are those of `quicksilver bench`'s prompt-reuse section
+(``quicksilver/bench/reuse.py``), with more conversations and rounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
-from quicksilver.decoding import Decoder
-from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
-from quicksilver.evaluate import eval_examples
+from quicksilver.bench.reuse import TASKS, conversations, prompt_reuse
 from quicksilver.loading import load_model
-
-TASKS = ["tool_call", "tool_answer", "json", "retrieval", "agent_step", "code", "word_problem", "infill"]
-
-
-def conversations(tasks: list[str], n: int, turns: int) -> list[tuple[list[dict], list[dict] | None, list[dict]]]:
-    """(first messages, tools, the next turns' user messages) for ``n`` conversations per task."""
-    out = []
-    for task in tasks:
-        examples = eval_examples(task, n * turns)
-        for c in range(n):
-            group = examples[c * turns : (c + 1) * turns]
-            if not group[0].is_chat:
-                continue
-            later = [next(m for m in reversed(ex.messages) if m["role"] == "user") for ex in group[1:]
-                     if ex.is_chat]
-            out.append((list(group[0].messages), group[0].tools, later))
-    return out
+from quicksilver.variants import PRECISIONS
 
 
 def main() -> None:
@@ -49,57 +25,25 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--precision", choices=PRECISIONS, help="run the model in this precision (default: as saved)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
-    model, tok = loaded.model, loaded.tokenizer
-    params = loaded.defaults.replace(max_tokens=args.max_tokens, temperature=0.0)
-    plain = Decoder(model, tok, params)
+    loaded = load_model(args.model, precision=args.precision)
     convs = conversations(TASKS, args.conversations, args.turns)
-    plain.generate(tok.encode("warm up"), params)
-    rows: dict[str, dict[str, list[float]]] = {k: {"ttft": [], "latency": [], "tokens": [], "prompt": [], "cached": []}
-                                                for k in ("cache", "no cache")}
-    differ = total = 0
-    for rnd in range(args.rounds):
-        shared = PrefixCache.for_model(model.config, model.dtype, DEFAULT_PREFIX_CACHE_MB)
-        if shared is None:
-            raise SystemExit(f"{args.model}: a {model.config.attention_mode} model has no prefix cache")
-        cached = Decoder(model, tok, params, shared)
-        for first, tools, later in convs:
-            messages = list(first)
-            for turn in range(len(later) + 1):
-                ids = tok.encode(tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True))
-                if len(ids) + params.max_tokens > model.config.max_position_embeddings:
-                    break
-                order = [("cache", cached), ("no cache", plain)]
-                answers = {}
-                for label, dec in order if (rnd + turn) % 2 == 0 else order[::-1]:
-                    t0 = time.perf_counter()
-                    st = dec.start(ids)
-                    dec.run(st)
-                    r = rows[label]
-                    r["latency"].append(time.perf_counter() - t0)
-                    r["ttft"].append((st.stats.first_token_time or time.perf_counter()) - t0)
-                    r["tokens"].append(st.stats.tokens)
-                    r["prompt"].append(len(ids))
-                    r["cached"].append(st.stats.cached_tokens)
-                    answers[label] = st.answer_ids
-                total += 1
-                differ += answers["cache"] != answers["no cache"]
-                if turn < len(later):
-                    messages += [{"role": "assistant", "content": tok.decode(answers["cache"])}, later[turn]]
+    out = prompt_reuse(loaded.model, loaded.tokenizer, loaded.defaults.replace(max_tokens=args.max_tokens), convs,
+                       args.rounds)
+    if "skipped" in out:
+        raise SystemExit(f"{args.model}: {out['skipped']}")
     print(f"{args.model}: {len(convs)} conversations x up to {args.turns} turns, {args.rounds} rounds, "
-          f"{total} requests per decoder, {args.threads} thread(s)")
-    print(f"{'':>9} {'prompt tok':>10} {'cached':>7} {'TTFT ms':>8} {'p50 TTFT':>8} {'latency ms':>10} {'tok/s':>7}")
-    for label, r in rows.items():
-        print(f"{label:>9} {statistics.mean(r['prompt']):10.0f} {sum(r['cached']) / sum(r['prompt']):7.1%} "
-              f"{1000 * statistics.mean(r['ttft']):8.1f} {1000 * statistics.median(r['ttft']):8.1f} "
-              f"{1000 * statistics.mean(r['latency']):10.1f} {sum(r['tokens']) / sum(r['latency']):7.1f}")
-    a, b = rows["cache"], rows["no cache"]
-    print(f"cache / no cache: mean TTFT {statistics.mean(a['ttft']) / statistics.mean(b['ttft']):.2f}x, "
-          f"mean latency {statistics.mean(a['latency']) / statistics.mean(b['latency']):.2f}x, "
-          f"tokens/s {sum(a['tokens']) / sum(a['latency']) / (sum(b['tokens']) / sum(b['latency'])):.2f}x; "
-          f"answers that differ: {differ}/{total}")
+          f"{out['requests']} requests per decoder, {args.threads} thread(s)")
+    print(f"{'':>9} {'prompt tok':>10} {'reused':>7} {'TTFT ms':>8} {'latency ms':>10} {'tok/s':>7}")
+    for label in ("cache", "no cache"):
+        r = out[label]
+        print(f"{label:>9} {r['prompt_tokens_mean']:10.0f} {r['reused']:7.1%} {1000 * r['ttft_s_mean']:8.1f} "
+              f"{1000 * r['latency_s_mean']:10.1f} {r['tokens_per_second']:7.1f}")
+    q = out["ratios"]
+    print(f"cache / no cache: mean TTFT {q['ttft_s_mean']:.2f}x, mean latency {q['latency_s_mean']:.2f}x, "
+          f"tokens/s {q['tokens_per_second']:.2f}x; answers that differ: {out['answers_differ']}/{out['requests']}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 Serving commands take ``--precision`` (one of :data:`PRECISIONS`); the benchmark also measures "compile".
 On this project's CPUs (AVX-512 bf16, no AMX) int8 linear layers run faster than bf16 ones; the shipped models lose
 about half a point of suite accuracy in int8 (docs/performance.md section 8), so it is an option, not the default.
+int8 dynamic quantisation also scales activations once per forward input, so a row's numbers depend on the rows
+beside it: batching, the prefix cache and chunked prefill change some greedy answers (float models give a row the
+same numbers whatever shares its forward).
 """
 
 from __future__ import annotations

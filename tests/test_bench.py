@@ -41,7 +41,11 @@ def test_bench_quick_runs_end_to_end_and_writes_json_and_plots(tiny_models, tmp_
     assert data["sweep"][0]["summary"]["tokens_per_forward"] <= 1.0
     for name in ("frontier.png", "concurrency.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for kind in ("diffusion", "ar"):  # the second turn resends the first: its whole chunks come from the cache
+        reuse = data["reuse"][kind]
+        assert reuse["requests"] == 2 and reuse["cache"]["reused"] > 0 and reuse["no cache"]["reused"] == 0
     assert "| model |" in (out / "latest.md").read_text()
+    assert "multi-turn (prefix cache)" in (out / "latest.md").read_text()
     assert "Targets" in capsys.readouterr().out
 
 

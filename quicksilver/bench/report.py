@@ -51,11 +51,33 @@ def markdown(results: dict) -> str:
             row = res.get(key)
             if isinstance(row, dict):
                 lines.append(f"| {name} | {row.get('forwards', '-')} | {row.get('wall_s', '-')} |")
+    if results.get("reuse"):
+        lines += ["", REUSE_HEADER, "|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(r) + " |" for r in reuse_rows(results)]
     if results.get("targets"):
         lines += ["", "| target | measured | met |", "|---|---|---|"]
         for t in results["targets"]:
             lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+REUSE_HEADER = ("| multi-turn (prefix cache) | requests | prompt tokens reused | TTFT ms, cache / none | "
+                "latency ms, cache / none | answers that differ |")
+
+
+def reuse_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for model, r in (results.get("reuse") or {}).items():
+        if "skipped" in r:
+            rows.append([model, "-", r["skipped"], "-", "-", "-"])
+            continue
+        a, b = r["cache"], r["no cache"]
+        rows.append([f"{model} [{r.get('variant', '?')}]", str(r["requests"]),
+                     f"{a['reused']:.0%} of {a['prompt_tokens_mean']:.0f}",
+                     f"{a['ttft_s_mean'] * 1e3:.1f} / {b['ttft_s_mean'] * 1e3:.1f} ({r['ratios']['ttft_s_mean']:.2f}x)",
+                     f"{a['latency_s_mean'] * 1e3:.0f} / {b['latency_s_mean'] * 1e3:.0f} "
+                     f"({r['ratios']['latency_s_mean']:.2f}x)", str(r["answers_differ"])])
+    return rows
 
 
 def print_tables(results: dict) -> None:
@@ -100,6 +122,13 @@ def print_tables(results: dict) -> None:
         console.print(t)
     if results.get("structured"):
         console.print("Structured output:", json.dumps(results["structured"], default=str)[:2000])
+    if results.get("reuse"):
+        t = Table(title="Multi-turn conversations, with and without the prefix cache")
+        for h in REUSE_HEADER.strip("| ").split(" | "):
+            t.add_column(h)
+        for row in reuse_rows(results):
+            t.add_row(*row)
+        console.print(t)
     if results.get("targets"):
         t = Table(title="Targets (ratios from this run)")
         for h in ("target", "measured", "met"):

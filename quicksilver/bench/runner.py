@@ -2,7 +2,8 @@
 
 Sections: forward latency per model variant and thread count; the diffusion model against its
 autoregressive twin on held-out task prompts (same engine, same prompts); a policy/threshold/block-size
-sweep (speed-accuracy frontier); a concurrency sweep through the serving engine; pinned-vs-free JSON.
+sweep (speed-accuracy frontier); a concurrency sweep through the serving engine; pinned-vs-free JSON; multi-turn
+conversations with and without the prefix cache.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from quicksilver.bench import report
 from quicksilver.bench.concurrency import concurrency_sweep, with_model
 from quicksilver.bench.forward import best, forward_latency
 from quicksilver.bench.models import set_threads
+from quicksilver.bench.reuse import TASKS, conversations, prompt_reuse
 from quicksilver.bench.sweep import REFERENCE, speed_grid, sweep_grid
 from quicksilver.bench.workload import Config, run_interleaved, suite_prompts, summarise
 from quicksilver.checkpoint import LoadedModel
@@ -40,6 +42,7 @@ class BenchOptions:
     requests_per_level: int = 16
     concurrency_ar: bool = True
     structured: bool = True
+    reuse_turns: int = 4  # multi-turn conversations with and without the prefix cache (0: skip)
     forward_reps: int = 20
     quick: bool = False
     # speed-only mode for weights that cannot answer yet (random or barely trained): every request decodes its
@@ -254,6 +257,18 @@ def run_bench(opts: BenchOptions) -> dict:
             results["structured"] = _structured(with_model(diff_loaded, decoders[("diffusion", head_v)].model))
         except (ValueError, LookupError, RuntimeError) as exc:  # a model too small for the schema, etc.
             results["structured"] = {"error": str(exc)}
+
+    # 6. prompt reuse: multi-turn conversations with and without the prefix cache, each model in its float variant
+    # (int8's per-input activation scale makes a row depend on the rows beside it, so reused keys drift more)
+    if opts.reuse_turns and not opts.fixed_tpf:
+        results["reuse"] = {}
+        convs = conversations(opts.tasks or TASKS, 1, opts.reuse_turns)
+        for kind, ld in (("diffusion", diff_loaded), ("ar", ar_loaded)):
+            if ld is not None:
+                v = _float_variant(fwd, kind)
+                _log(f"prompt reuse: {len(convs)} conversations x {opts.reuse_turns} turns for {kind} [{v}]")
+                results["reuse"][kind] = dict(prompt_reuse(decoders[(kind, v)].model, ld.tokenizer,
+                                                           ld.defaults.replace(max_tokens=64), convs), variant=v)
 
     results["targets"] = targets(results)
     if opts.fixed_tpf:  # accuracy-based targets mean nothing when answers are forced to full length

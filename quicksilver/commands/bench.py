@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-ar-concurrency", action="store_true",
                    help="run the concurrency sweep on the diffusion model only")
     p.add_argument("--no-structured", action="store_true", help="skip the pinned-vs-free JSON comparison")
+    p.add_argument("--no-reuse", action="store_true",
+                   help="skip the multi-turn conversations with and without the prefix cache")
     p.add_argument("--speed-only", type=int, metavar="K",
                    help="for weights that cannot answer yet: decode every budget in full (EOS ignored), the "
                         "diffusion model committing K tokens per forward; speed figures only")
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         requests_per_level=args.requests_per_level or (4 if quick else 16),
         concurrency_ar=not args.no_ar_concurrency,
         structured=not args.no_structured,
+        reuse_turns=0 if args.no_reuse else (2 if quick else 4),
         forward_reps=3 if quick else 20,
         quick=quick,
         fixed_tpf=args.speed_only,
