@@ -4,7 +4,8 @@ Each experiment times alternatives round-robin on one thread and prints medians 
 machine's load (shared cores) hits every alternative alike. Shapes are those of the shipped default model
 (hidden 256, 4 heads of 64, 2 KV heads, MLP 704, vocab 4096, blocks of 32) unless a flag says otherwise.
 
-  linear      F.linear bf16 / fp32, oneDNN-prepacked bf16, int8 dynamic, for 1 / 32 / 64 / 1024 rows
+  linear      F.linear bf16 / fp32, oneDNN-prepacked bf16, int8 dynamic (torch.ao) and int8 rows (--precision
+              int8), for 1 / 32 / 64 / 1024 rows
   fused       separate q,k,v and gate,up projections vs one concatenated matmul
   attention   SDPA with an all-true mask vs no mask (what a cached steady-state step could pass)
   compile     torch.compile(freezing) of the whole block forward vs eager, plus its compile time
@@ -44,17 +45,20 @@ def linear(hidden: int, inter: int, vocab: int) -> None:
     from torch.ao.quantization import quantize_dynamic
     from torch.utils import mkldnn
 
+    from quicksilver.variants import Int8Linear
+
     for rows in (1, 32, 64, 1024):
         for k, n in ((hidden, inter), (inter, hidden), (hidden, vocab)):
             lin = torch.nn.Linear(k, n, bias=False).eval()
             lb = copy.deepcopy(lin).bfloat16()
             mk = mkldnn.to_mkldnn(copy.deepcopy(lin), torch.bfloat16)
             q8 = quantize_dynamic(torch.nn.Sequential(copy.deepcopy(lin)), {torch.nn.Linear}, dtype=torch.qint8)
+            rows8 = Int8Linear(lin)  # what --precision int8 uses: one scale per input row
             x = torch.randn(rows, k)
             xb = x.bfloat16()
             with torch.inference_mode():
                 r = timed({"fp32": lambda: lin(x), "bf16": lambda: lb(xb), "bf16_prepacked": lambda: mk(xb),
-                           "int8_dynamic": lambda: q8(x)}, 100)
+                           "int8_dynamic": lambda: q8(x), "int8_rows": lambda: rows8(x)}, 100)
             print(f"rows {rows:5d} {k}x{n}: {r}")
 
 

@@ -47,9 +47,8 @@ def main() -> None:
         else:
             from quicksilver.agent.local_server import serve_in_thread
             from quicksilver.api.server import create_app
-            from quicksilver.loading import load_model
 
-            url = stack.enter_context(serve_in_thread(create_app(load_model(args.model), index_path=str(index_path),
+            url = stack.enter_context(serve_in_thread(create_app(args.model, index_path=str(index_path),
                                                                  prefix_cache_mb=args.prefix_cache_mb)))
         client = OpenAI(base_url=url, api_key="local", max_retries=0, timeout=600)
         model = args.model if args.base_url and args.model else client.models.list().data[0].id

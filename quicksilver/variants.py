@@ -1,30 +1,30 @@
-"""Numeric variants of a loaded model: bf16, fp32, int8 dynamic quantisation, or a torch.compile'd bf16 copy.
+"""Numeric variants of a loaded model: bf16, fp32, int8, or a torch.compile'd bf16 copy.
 
 Serving commands take ``--precision`` (one of :data:`PRECISIONS`); the benchmark also measures "compile".
-On this project's CPUs (AVX-512 bf16, no AMX) int8 linear layers run faster than bf16 ones; the shipped models lose
-about half a point of suite accuracy in int8 (docs/performance.md section 8), so it is an option, not the default.
-int8 dynamic quantisation also scales activations once per forward input, so a row's numbers depend on the rows
-beside it: batching, the prefix cache and chunked prefill change some greedy answers (float models give a row the
-same numbers whatever shares its forward).
+int8 (:class:`Int8Linear`) stores every linear layer's weights in int8 with one scale per output row and quantises
+its input to int8 with one scale per input row, then multiplies in int32 (``torch._int_mm``), which is exact. So a
+row's output depends only on that row, as in a float model: batching, the prefix cache and chunked prefill leave
+answers as they are. On this project's CPUs (AVX-512, no AMX) it runs faster than bf16; the shipped models lose
+about half a point of suite accuracy in it (docs/performance.md section 8), so it is an option, not the default.
 """
 
 from __future__ import annotations
 
 import copy as copy_module
-import warnings
 
 import torch
+from torch import nn
 
-from quicksilver.model import Transformer
+from quicksilver.model import MoE, Transformer
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8")  # what a served model may run in
 VARIANTS: tuple[str, ...] = (*PRECISIONS, "compile")  # what the benchmark measures
 
 
 def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transformer:
-    """``model`` in ``variant`` (a copy unless ``copy`` is False): "bf16", "fp32", "int8" (dynamic per-row int8
-    weights for every Linear, float32 activations; attention and norms stay float32) or "compile" (bf16, forward
-    compiled by torch.compile with dynamic shapes and frozen weights: tens of seconds per new graph on first use)."""
+    """``model`` in ``variant`` (a copy unless ``copy`` is False): "bf16", "fp32", "int8" (every linear layer an
+    :class:`Int8Linear`; embeddings, norms and attention stay float32) or "compile" (bf16, forward compiled by
+    torch.compile with dynamic shapes and frozen weights: tens of seconds per new graph on first use)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown model variant {variant!r} (known: {', '.join(VARIANTS)})")
     model = copy_module.deepcopy(model) if copy else model
@@ -40,8 +40,36 @@ def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transform
     fp32 = model.to(torch.float32).eval()
     if variant == "fp32":
         return fp32
-    with warnings.catch_warnings():  # torch.ao is deprecated in favour of torchao, which is not installed
-        warnings.simplefilter("ignore")
-        from torch.ao.quantization import quantize_dynamic
+    for module in list(fp32.modules()):
+        for name, child in list(module.named_children()):
+            # a mixture-of-experts router stays float: it reads its weight directly, and its choices are discrete
+            if isinstance(child, nn.Linear) and not (isinstance(module, MoE) and name == "gate"):
+                setattr(module, name, Int8Linear(child))
+    return fp32
 
-        return quantize_dynamic(fp32, {torch.nn.Linear}, dtype=torch.qint8, inplace=True).eval()
+
+class Int8Linear(nn.Module):
+    """A linear layer in int8: weights with one scale per output row, inputs quantised with one scale per input
+    row (so rows stay independent), products summed exactly in int32, then scaled back to float32."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+        self.register_buffer("weight_t", (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).t()
+                             .contiguous())  # [in, out], the layout torch._int_mm multiplies by
+        self.register_buffer("weight_scale", scale)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+        y = torch._int_mm((rows / scale).round_().to(torch.int8), self.weight_t).float()
+        y = y.mul_(scale).mul_(self.weight_scale)
+        if self.bias is not None:
+            y += self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"

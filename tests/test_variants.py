@@ -12,8 +12,8 @@ import torch
 from quicksilver.decoding import Decoder
 from quicksilver.loading import load_model
 from quicksilver.sampling import SamplingParams
-from quicksilver.testing import save_tiny_model, tiny_tokenizer
-from quicksilver.variants import as_variant
+from quicksilver.testing import save_tiny_model, tiny_model, tiny_tokenizer
+from quicksilver.variants import Int8Linear, as_variant
 from tests.exact_cache_cases import peaked
 
 
@@ -26,9 +26,9 @@ def model_dir(tmp_path_factory):
 def test_int8_quantizes_every_linear_and_decodes_like_fp32():
     model = peaked("block_causal", token_shift=True, causal_context=True)
     int8 = as_variant(model, "int8")
-    linears = [m for m in int8.modules() if isinstance(m, torch.nn.Linear)]
-    quantized = [m for m in int8.modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
-    assert not linears and len(quantized) == sum(isinstance(m, torch.nn.Linear) for m in model.modules()) > 0
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert not any(isinstance(m, torch.nn.Linear) for m in int8.modules())
+    assert sum(isinstance(m, Int8Linear) for m in int8.modules()) == n_linear > 0
     assert isinstance(model.layers[0].mlp.up_proj, torch.nn.Linear)  # the original is untouched
     ids = torch.tensor(tiny_tokenizer().encode("The quick brown fox"))
     with torch.inference_mode():
@@ -39,6 +39,33 @@ def test_int8_quantizes_every_linear_and_decodes_like_fp32():
     for prompt in ("hello", "def add(a, b):", "The quick brown fox"):  # a confident model: the same greedy answer
         want = Decoder(model, tiny_tokenizer()).generate(prompt, params).token_ids
         assert Decoder(int8, tiny_tokenizer()).generate(prompt, params).token_ids == want
+
+
+def test_int8_rows_do_not_depend_on_the_rows_beside_them():
+    """One scale per input row and exact int32 sums: a row's output is the same alone or among others, so batching,
+    the prefix cache and chunked prefill leave int8 answers as they are (per-tensor dynamic quantisation did not)."""
+    layer = Int8Linear(torch.nn.Linear(64, 96, bias=True))
+    rows = torch.randn(9, 64) * torch.logspace(-2, 2, 9)[:, None]  # very different magnitudes
+    together = layer(rows)
+    assert torch.equal(torch.cat([layer(r[None]) for r in rows]), together)
+    model = as_variant(tiny_model("block_causal", token_shift=True, causal_context=True), "int8")
+    dec, tok = Decoder(model, tiny_tokenizer()), tiny_tokenizer()
+    params = SamplingParams(max_tokens=10, ignore_eos=True, policy="self_speculative")
+    prompts = ["hello", "def add(a, b):", "The quick brown fox jumps", "0123456789 + 42 ="]
+    alone = [dec.generate(p, params).token_ids for p in prompts]
+    states = [dec.start(tok.encode(p), params) for p in prompts]
+    while not all(s.finished for s in states):
+        dec.step(states)
+    assert [s.answer_ids for s in states] == alone
+
+
+def test_int8_keeps_a_mixture_of_experts_router_in_float():
+    model = tiny_model("block_causal", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    int8 = as_variant(model, "int8")
+    routers = [m.gate for m in int8.modules() if type(m).__name__ == "MoE"]
+    assert routers and all(isinstance(r, torch.nn.Linear) for r in routers)
+    out = Decoder(int8, tiny_tokenizer()).generate("hello", SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out.token_ids) == 4
 
 
 def test_load_model_converts_in_place_and_refuses_unknown_precisions(model_dir):

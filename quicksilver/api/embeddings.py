@@ -87,7 +87,11 @@ async def create_embeddings(request: Request) -> JSONResponse:
     if id_lists is not None and any(not ids for ids in id_lists):
         return error(400, "token arrays must not be empty", "input")
 
-    vectors, tokens = await run_in_threadpool(_embed, texts, id_lists)
+    server = getattr(request.app.state, "qs", None)  # mounted on the Quicksilver server, or on a bare app
+    if server is not None:  # on the model thread: one thread runs all torch work (quicksilver.engine.model_thread)
+        vectors, tokens = await server.engine.run_in_worker(_embed, texts, id_lists)
+    else:
+        vectors, tokens = await run_in_threadpool(_embed, texts, id_lists)
     if vectors is None:
         return error(400, tokens, "input")  # tokens carries the message when the ids were out of range
     data = []

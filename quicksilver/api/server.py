@@ -32,6 +32,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ from quicksilver.engine import (
     RequestHandle,
     StepUpdate,
     TextStreamer,
+    model_thread,
 )
 from quicksilver.sampling import SamplingParams
 from quicksilver.tokenizer import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, TOOL_CALLS
@@ -417,19 +419,23 @@ def create_app(
     max_queue: int = 256,
     prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    worker: ThreadPoolExecutor | None = None,
 ) -> FastAPI:
-    """Build the FastAPI app. ``engine_or_model`` is an Engine, a LoadedModel, or a model name/folder;
-    ``prefix_cache_mb`` sizes the prefix cache shared by requests (0: off) and ``prefill_chunk`` caps the prompt
-    tokens a request computes per forward (0: whole prompts) of an engine built here."""
+    """Build the FastAPI app. ``engine_or_model`` is an Engine, a LoadedModel, or a model name/folder (loaded on the
+    engine's model thread); ``prefix_cache_mb`` sizes the prefix cache shared by requests (0: off),
+    ``prefill_chunk`` caps the prompt tokens a request computes per forward (0: whole prompts) and ``worker`` is
+    the model thread (``engine.model_thread()``, the one that loaded the weights) of an engine built here."""
     if isinstance(engine_or_model, Engine):
         engine = engine_or_model
     else:
         if not isinstance(engine_or_model, LoadedModel):
             from quicksilver.loading import load_model
 
-            engine_or_model = load_model(None if engine_or_model is None else str(engine_or_model))
+            worker = worker or model_thread()
+            name = None if engine_or_model is None else str(engine_or_model)
+            engine_or_model = worker.submit(load_model, name).result()
         engine = Engine(engine_or_model, max_batch=max_batch, max_queue=max_queue, prefix_cache_mb=prefix_cache_mb,
-                        prefill_chunk=prefill_chunk)
+                        prefill_chunk=prefill_chunk, worker=worker)
     names = [served_model_name or engine.loaded.name]
     state = ServerState(engine, api_key, names, index_path)
 
@@ -606,7 +612,7 @@ async def _retrieve(state: ServerState, messages: list[dict[str, Any]], k: int):
     except ImportError:
         raise APIError(400, "retrieval not available in this build", param="retrieval") from None
     try:
-        return await asyncio.to_thread(augment_messages, state.index_path, messages, k)
+        return await state.engine.run_in_worker(augment_messages, state.index_path, messages, k)
     except (ValueError, OSError, LookupError) as exc:
         raise APIError(400, f"retrieval failed: {exc}", param="retrieval") from None
 
@@ -663,7 +669,7 @@ async def _run_search(state: ServerState, arguments: dict[str, Any], k: int, fir
     from quicksilver.rag.chat import run_search_tool
 
     try:
-        _, found = await asyncio.to_thread(run_search_tool, state.index_path, arguments, k, first_id)
+        _, found = await state.engine.run_in_worker(run_search_tool, state.index_path, arguments, k, first_id)
     except (OSError, LookupError) as exc:
         raise APIError(400, f"retrieval failed: {exc}", param="retrieval") from None
     except ValueError as exc:

@@ -75,10 +75,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             from quicksilver.agent.local_server import serve_in_thread
             from quicksilver.api.server import create_app
-            from quicksilver.loading import load_model
 
-            loaded = load_model(args.model)
-            base_url = stack.enter_context(serve_in_thread(create_app(loaded, index_path=args.index)))
+            # create_app loads the model on the engine's own thread (quicksilver.engine.model_thread)
+            base_url = stack.enter_context(serve_in_thread(create_app(args.model, index_path=args.index)))
             client = OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
             model = client.models.list().data[0].id
         print(f"agent: model {model!r} at {base_url}; tools: {', '.join(t.name for t in tools)}", file=sys.stderr)

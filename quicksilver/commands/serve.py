@@ -54,14 +54,16 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from quicksilver.api.server import create_app
+    from quicksilver.engine import model_thread
     from quicksilver.loading import load_model
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, precision=args.precision)
+    worker = model_thread()  # the engine's model thread loads the weights too: one thread runs all torch work
+    loaded = worker.submit(load_model, args.model, None, args.precision).result()
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
                      served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue,
-                     prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk)
+                     prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk, worker=worker)
     precision = args.precision or str(loaded.model.dtype).removeprefix("torch.")
     print(f"quicksilver serve: model {loaded.name!r} ({precision}; prefix cache {args.prefix_cache_mb:g} MB, "
           f"prefill chunk {args.prefill_chunk or 'off'}) on http://{args.host}:{args.port}/v1", flush=True)

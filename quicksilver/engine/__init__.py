@@ -7,6 +7,7 @@ from quicksilver.engine.core import (
     EngineOverloaded,
     RequestHandle,
     StepUpdate,
+    model_thread,
     streamable_len,
 )
 from quicksilver.engine.metrics import EngineMetrics
@@ -15,5 +16,5 @@ from quicksilver.engine.streaming import TextStreamer, stop_holdback_start
 __all__ = [
     "Engine", "EngineClosed", "EngineError", "EngineMetrics", "EngineOverloaded",
     "RequestHandle", "StepUpdate",
-    "TextStreamer", "stop_holdback_start", "streamable_len",
+    "TextStreamer", "model_thread", "stop_holdback_start", "streamable_len",
 ]

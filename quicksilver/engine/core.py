@@ -35,6 +35,13 @@ from quicksilver.sampling import SamplingParams
 log = logging.getLogger("quicksilver.engine")
 
 
+def model_thread() -> ThreadPoolExecutor:
+    """The one thread that runs a served model: load the model on it too (``thread.submit(load_model, ...)``).
+    With libgomp, once a second thread has run parallel torch code (e.g. the main thread loading the weights), every
+    forward of the model thread ran about half as fast on the 2-core project machine (docs/performance.md section 8)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="quicksilver-engine")
+
+
 class EngineOverloaded(RuntimeError):
     """The admission queue is full (HTTP 429)."""
 
@@ -131,6 +138,7 @@ class Engine:
         metrics: EngineMetrics | None = None,
         prefix_cache_mb: float = 0,
         prefill_chunk: int = 0,
+        worker: ThreadPoolExecutor | None = None,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -149,7 +157,7 @@ class Engine:
         self._task: asyncio.Task | None = None
         self._closing = False
         # every forward runs on this one thread: one OpenMP team for the model, and the event loop stays free
-        self._worker: ThreadPoolExecutor | None = None
+        self._worker: ThreadPoolExecutor | None = worker
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -170,13 +178,14 @@ class Engine:
         self._closing = False
         self._wakeup = asyncio.Event()
         if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="quicksilver-engine")
+            self._worker = model_thread()
         self._task = asyncio.create_task(self._loop(), name="quicksilver-engine")
 
     async def run_in_worker(self, fn, *args):
-        """Run ``fn(*args)`` on the engine's model thread (e.g. a direct decode that should not compete)."""
+        """Run ``fn(*args)`` on the engine's model thread: a direct decode, an embedding, any other torch work, so
+        that one thread (one OpenMP team) runs all of it."""
         if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="quicksilver-engine")
+            self._worker = model_thread()
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     async def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
