@@ -14,6 +14,11 @@ Two throughputs per level:
   number mostly measures the drain.
 
 Latency is per request, submit to final result.
+
+The engine's steps run inline, on the thread that runs the whole benchmark (``InlineExecutor``): one thread does
+all the torch work, as in ``quicksilver serve`` (``quicksilver.engine.model_thread``). A second thread running
+forwards would slow every forward (docs/performance.md section 8). Blocking the event loop during a step costs
+nothing here: the clients are coroutines on the same loop, and they submit between steps.
 """
 
 from __future__ import annotations
@@ -23,10 +28,23 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Executor, Future
 
 from quicksilver.bench.workload import Prompt, percentile
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.sampling import SamplingParams
+
+
+class InlineExecutor(Executor):
+    """Runs each submitted call at once on the calling thread."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the future
+            future.set_exception(exc)
+        return future
 
 
 def _sample(engine, name: str) -> float:
@@ -37,7 +55,7 @@ async def _level(loaded: LoadedModel, params: SamplingParams, prompts: Sequence[
                  requests: int) -> dict:
     from quicksilver.engine import Engine
 
-    engine = Engine(loaded, max_batch=clients, max_queue=clients)
+    engine = Engine(loaded, max_batch=clients, max_queue=clients, worker=InlineExecutor())
     await engine.start()
     pool = deque(prompts[i % len(prompts)] for i in range(requests))
     latencies: list[float] = []

@@ -82,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
 
         for t in opts.tasks:
             get_task(t)  # unknown names: one-line error before anything loads
-    results = run_bench(opts)
+    # the whole benchmark runs on one model thread, as `quicksilver serve` does (docs/performance.md section 8)
+    from quicksilver.engine import model_thread
+
+    results = model_thread().submit(run_bench, opts).result()
     print_tables(results)
     print(f"wrote {opts.out_dir / 'latest.json'}, {opts.out_dir / 'latest.md'}, " + ", ".join(results["plots"]))
     return 0

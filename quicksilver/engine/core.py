@@ -22,7 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -138,7 +138,7 @@ class Engine:
         metrics: EngineMetrics | None = None,
         prefix_cache_mb: float = 0,
         prefill_chunk: int = 0,
-        worker: ThreadPoolExecutor | None = None,
+        worker: Executor | None = None,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -157,7 +157,7 @@ class Engine:
         self._task: asyncio.Task | None = None
         self._closing = False
         # every forward runs on this one thread: one OpenMP team for the model, and the event loop stays free
-        self._worker: ThreadPoolExecutor | None = worker
+        self._worker: Executor | None = worker
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
