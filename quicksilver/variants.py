@@ -4,8 +4,9 @@ Serving commands take ``--precision`` (one of :data:`PRECISIONS`); the benchmark
 int8 (:class:`Int8Linear`) stores every linear layer's weights in int8 with one scale per output row and quantises
 its input to int8 with one scale per input row, then multiplies in int32 (``torch._int_mm``), which is exact. So a
 row's output depends only on that row, as in a float model: batching, the prefix cache and chunked prefill leave
-answers as they are. On this project's CPUs (AVX-512, no AMX) it runs faster than bf16; the shipped models lose
-about half a point of suite accuracy in it (docs/performance.md section 8), so it is an option, not the default.
+answers as they are. On this project's CPUs (AVX-512, no AMX) it runs faster than bf16; on 1,100 suite prompts the
+shipped default scores as in bf16 and the twin 2 lower (docs/performance.md section 8). It is an option, not the
+default.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ from quicksilver.model import MoE, Transformer
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8")  # what a served model may run in
 VARIANTS: tuple[str, ...] = (*PRECISIONS, "compile")  # what the benchmark measures
+
+
+def precision_of(model: Transformer) -> str:
+    """The precision a loaded model runs in, named as ``--precision`` names it (another dtype: its torch name)."""
+    if any(isinstance(m, Int8Linear) for m in model.modules()):
+        return "int8"
+    return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
 
 
 def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transformer:

@@ -13,7 +13,7 @@ from quicksilver.decoding import Decoder
 from quicksilver.loading import load_model
 from quicksilver.sampling import SamplingParams
 from quicksilver.testing import save_tiny_model, tiny_model, tiny_tokenizer
-from quicksilver.variants import Int8Linear, as_variant
+from quicksilver.variants import Int8Linear, as_variant, precision_of
 from tests.exact_cache_cases import peaked
 
 
@@ -74,6 +74,8 @@ def test_load_model_converts_in_place_and_refuses_unknown_precisions(model_dir):
     assert loaded.model.dtype == torch.float32  # activations, norms and keys stay float32
     assert load_model(str(model_dir), precision="fp32").model.dtype == torch.float32
     assert load_model(str(model_dir)).model.dtype == torch.bfloat16  # as saved
+    assert [precision_of(load_model(str(model_dir), precision=p).model) for p in ("int8", "fp32", None)] == [
+        "int8", "fp32", "bf16"]
     with pytest.raises(ValueError, match="unknown precision"):
         load_model(str(model_dir), precision="int4")
 

@@ -32,7 +32,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -419,7 +419,7 @@ def create_app(
     max_queue: int = 256,
     prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-    worker: ThreadPoolExecutor | None = None,
+    worker: Executor | None = None,
 ) -> FastAPI:
     """Build the FastAPI app. ``engine_or_model`` is an Engine, a LoadedModel, or a model name/folder (loaded on the
     engine's model thread); ``prefix_cache_mb`` sizes the prefix cache shared by requests (0: off),

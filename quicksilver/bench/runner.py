@@ -259,7 +259,7 @@ def run_bench(opts: BenchOptions) -> dict:
             results["structured"] = {"error": str(exc)}
 
     # 6. prompt reuse: multi-turn conversations with and without the prefix cache, each model in its float variant
-    # (int8's per-input activation scale makes a row depend on the rows beside it, so reused keys drift more)
+    # (what `quicksilver serve` runs unless told --precision)
     if opts.reuse_turns and not opts.fixed_tpf:
         results["reuse"] = {}
         convs = conversations(opts.tasks or TASKS, 1, opts.reuse_turns)

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from quicksilver.evaluate import EVAL_SEED, evaluate
     from quicksilver.loading import load_model
+    from quicksilver.variants import precision_of
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     for name in tasks or ():
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                                  ("block_size", args.block_size),
                                  ("accept_ratio", args.accept_ratio)) if v is not None}
     params = loaded.defaults.replace(**changes)
-    precision = args.precision or str(loaded.model.dtype).removeprefix("torch.")
+    precision = precision_of(loaded.model)
     console.print(f"[bold]{loaded.name or loaded.path}[/bold] ({precision}): {args.n} held-out examples per task, "
                   f"{mode} decoding", style="dim")
 

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from quicksilver.api.server import create_app
     from quicksilver.engine import model_thread
     from quicksilver.loading import load_model
+    from quicksilver.variants import precision_of
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -64,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
                      served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue,
                      prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk, worker=worker)
-    precision = args.precision or str(loaded.model.dtype).removeprefix("torch.")
-    print(f"quicksilver serve: model {loaded.name!r} ({precision}; prefix cache {args.prefix_cache_mb:g} MB, "
-          f"prefill chunk {args.prefill_chunk or 'off'}) on http://{args.host}:{args.port}/v1", flush=True)
+    print(f"quicksilver serve: model {loaded.name!r} ({precision_of(loaded.model)}; "
+          f"prefix cache {args.prefix_cache_mb:g} MB, prefill chunk {args.prefill_chunk or 'off'}) "
+          f"on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.shutdown_timeout)
     return 0

@@ -14,7 +14,6 @@ from quicksilver.engine.metrics import EngineMetrics
 from quicksilver.engine.streaming import TextStreamer, stop_holdback_start
 
 __all__ = [
-    "Engine", "EngineClosed", "EngineError", "EngineMetrics", "EngineOverloaded",
-    "RequestHandle", "StepUpdate",
+    "Engine", "EngineClosed", "EngineError", "EngineMetrics", "EngineOverloaded", "RequestHandle", "StepUpdate",
     "TextStreamer", "model_thread", "stop_holdback_start", "streamable_len",
 ]

@@ -9,8 +9,8 @@ Batch invariance: a request decoded at temperature 0 gives the same tokens alone
 step packs the requests' inputs row after row without padding (``Transformer.forward_packed``): the
 row-wise layers run once over all rows and attention runs per request over its own keys, with exactly
 the shapes it has alone, so any attention kernel (the fast fused one included) gives it the same numbers.
-(Linear layers are row-independent; see tests/test_engine.py and tests/test_engine_throughput.py. Not in int8:
-dynamic quantisation scales activations once per forward input.)
+(Linear layers are row-independent, int8 ones too; see tests/test_engine.py, tests/test_engine_throughput.py and
+tests/test_variants.py.)
 With a prefix cache (``prefix_cache_mb``, on in the server) a request may copy keys an earlier request computed over
 other rows; in bf16 a near-tie can then round differently from a fresh prefill (docs/performance.md section 8).
 """
