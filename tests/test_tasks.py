@@ -83,7 +83,7 @@ def _corruptions(ex: Example) -> list[str]:
         return [f"def {name.group(1)}({name.group(2)}):\n    return None", "print('hi')", "def f(:"]
     if task == "infill":
         return ["    pass", "    return 12345"]
-    if task == "agent_step":
+    if task in ("agent_step", "agent_open"):
         if "final" in ans:
             key = ans["final"]
             if key is None:
@@ -97,7 +97,10 @@ def _corruptions(ex: Example) -> list[str]:
                    "read_file": "notes.txt", "search_documents": "weather today",
                    "run_python": "print(-1)"}[name]
         wrong_args = {next(iter(args)): changed}
-        return [
+        partial = []  # a search that names only part of the entity ("Lighthouse" for "Kesbel Point Lighthouse")
+        if name == "search_documents" and len(value.split()) > 2:
+            partial = [TOOL_CALLS + json.dumps([{"name": name, "arguments": {"query": " ".join(value.split()[1:])}}])]
+        return partial + [
             TOOL_CALLS + json.dumps([{"name": name, "arguments": wrong_args}]),
             TOOL_CALLS + json.dumps([{"name": "list_files", "arguments": {"path": "."}}]),
             json.dumps([call]),  # no marker
@@ -226,3 +229,26 @@ def test_drills_are_trainable_but_not_in_the_default_suite():
     assert kinds == {"repeat", "lookup", "json"}
     train_users = {ex.messages[-1]["content"] for ex in _examples("recall", "train", 40)}
     assert not train_users & {ex.messages[-1]["content"] for ex in held}
+
+
+def test_agent_open_arguments_come_from_open_sets_and_chains_take_two_tools():
+    """agent_open must not be solvable by recalling a set member: file names, entities and operands vary
+    widely, and chained episodes carry the looked-up number into the calculator call."""
+    examples = _examples("agent_open", "train", 300)
+    calls = [ex.answer["call"] for ex in examples if "call" in ex.answer]
+    files = {c["arguments"]["path"] for c in calls if c["name"] == "read_file"}
+    queries = {c["arguments"]["query"] for c in calls if c["name"] == "search_documents"}
+    operands = {n for c in calls if c["name"] == "calculator" for n in re.findall(r"\d+", c["arguments"]["expression"])}
+    assert len(files) > 0.9 * sum(c["name"] == "read_file" for c in calls) > 20
+    assert len(queries) > 0.9 * sum(c["name"] == "search_documents" for c in calls) > 20
+    assert any(len(n) >= 5 for n in operands) and any(len(n) == 1 for n in operands)
+    chained = [ex for ex in examples if {t["function"]["name"] for t in ex.tools} > {"calculator"}]
+    assert chained
+    for ex in chained:  # the calculator step of a chain uses a number the earlier observation showed
+        if "call" in ex.answer and ex.answer["call"]["name"] == "calculator":
+            looked_up = re.findall(r"\d+", ex.answer["call"]["arguments"]["expression"])
+            observed = next(m["content"] for m in ex.messages if m["role"] == "tool")
+            assert any(re.search(rf"\b{n}\b", observed) for n in looked_up)
+            break
+    else:
+        raise AssertionError("no chained calculator step among the examples")

@@ -7,6 +7,7 @@ and ``verify(example, output_text)`` to grade a model's raw output (special toke
 
 from __future__ import annotations
 
+from quicksilver.tasks.agent_open import AgentOpen
 from quicksilver.tasks.agent_steps import AgentStep
 from quicksilver.tasks.arithmetic import Arithmetic, WordProblem
 from quicksilver.tasks.base import Example, Split, Task, clean_output, render, render_prompt
@@ -32,6 +33,7 @@ TASKS: dict[str, Task] = {
         CodeSynthesis(),
         Infilling(),
         AgentStep(),
+        AgentOpen(),
         Recall(),
     )
 }

@@ -86,7 +86,8 @@ def _expression(rng: random.Random) -> str:
     return f"{c} ** {rng.randint(2, 4)}"
 
 
-def _calculate(expression: str) -> str:
+def calculate(expression: str) -> str:
+    """What the agent's calculator tool returns for ``expression``."""
     from quicksilver.agent.tools import calculator_tool
 
     return calculator_tool()({"expression": expression})
@@ -94,7 +95,7 @@ def _calculate(expression: str) -> str:
 
 def _calculator_episode(rng: random.Random, split: Split) -> Episode:
     expr = _expression(rng)
-    value = _calculate(expr)
+    value = calculate(expr)
     return Episode(pick(rng, _CALC_ASKS, split).format(expr=expr), ["calculator"],
                    [({"name": "calculator", "arguments": {"expression": expr}}, value)],
                    rng.choice(_CALC_ANSWERS).format(expr=expr, v=value), value)
@@ -232,7 +233,6 @@ def _python_episode(rng: random.Random, split: Split) -> Episode:
                    rng.choice(_PYTHON_ANSWERS).format(v=value), value)
 
 
-_EPISODES = (_calculator_episode, _file_episode, _search_episode, _python_episode)
 _AGENT_SYSTEMS = (
     "You can use tools. Call one when you need it, then answer.",
     "Use the tools to solve the task, then give the final answer.",
@@ -244,12 +244,13 @@ _AGENT_SYSTEMS = (
 class AgentStep(Task):
     name = "agent_step"
     description = "the next turn of an agent episode with the agent's tools: the right call, or the final answer"
+    episodes = (_calculator_episode, _file_episode, _search_episode, _python_episode)
 
     def generate(self, rng: random.Random, split: Split) -> Example:
         check_split(split)
         from quicksilver.agent.loop import SYSTEM_PROMPT
 
-        episode = rng.choice(_EPISODES)(rng, split)
+        episode = rng.choice(self.episodes)(rng, split)
         if rng.random() < 0.5:  # the prompt the agent itself sends
             messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}]
         else:
@@ -289,11 +290,12 @@ def same_call(call: dict[str, Any], reference: dict[str, Any], observation: str)
         return False
     if name == "calculator":
         expression = args.get("expression")
-        return isinstance(expression, str) and _calculate(expression) == observation
+        return isinstance(expression, str) and calculate(expression) == observation
     if name == "search_documents":
+        # the query must name the entity: every capitalised word of the reference query (its proper name)
         query = args.get("query")
-        entity = want["query"].split()[0]
-        return isinstance(query, str) and re.search(rf"\b{re.escape(entity)}\b", query, re.I) is not None
+        names = [w for w in want["query"].split() if w[:1].isupper()]
+        return isinstance(query, str) and all(re.search(rf"\b{re.escape(w)}\b", query, re.I) for w in names)
     if name == "run_python":
         from quicksilver.agent.tools import run_python
 
