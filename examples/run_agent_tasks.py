@@ -20,6 +20,7 @@ from openai import OpenAI
 
 from quicksilver.agent import build_tools, format_step, run_agent
 from quicksilver.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_MB
+from quicksilver.engine import model_thread
 from quicksilver.rag import Index
 
 HERE = Path(__file__).resolve().parent
@@ -38,9 +39,11 @@ def main() -> None:
                     help="passages per search (the shipped models were trained on 256-token conversations)")
     args = ap.parse_args()
     tasks = json.loads((HERE / "agent_tasks.json").read_text())
+    # one thread for all torch work in this process (an in-process server's forwards, the index's and the search
+    # tool's embeddings): with libgomp a second one slows the forwards (quicksilver.engine.model_thread)
+    worker = None if args.base_url else model_thread()
     index_path = Path(tempfile.mkdtemp()) / "docs.sqlite"
-    with Index(index_path) as index:
-        index.add_paths([CORPUS])
+    worker.submit(build_index, index_path).result() if worker else build_index(index_path)
     with contextlib.ExitStack() as stack:
         if args.base_url:
             url = args.base_url
@@ -49,12 +52,13 @@ def main() -> None:
             from quicksilver.api.server import create_app
 
             url = stack.enter_context(serve_in_thread(create_app(args.model, index_path=str(index_path),
-                                                                 prefix_cache_mb=args.prefix_cache_mb)))
+                                                                 prefix_cache_mb=args.prefix_cache_mb, worker=worker)))
         client = OpenAI(base_url=url, api_key="local", max_retries=0, timeout=600)
         model = args.model if args.base_url and args.model else client.models.list().data[0].id
         outcomes, step_times = [], []
         for t in tasks:
-            tools = build_tools(t["tools"], root=HERE / "agent_files", index_path=index_path, search_k=args.search_k)
+            tools = build_tools(t["tools"], root=HERE / "agent_files", index_path=index_path, search_k=args.search_k,
+                                torch_thread=worker)
             result = run_agent(client, model, t["task"], tools, max_steps=args.max_steps, max_tokens=args.max_tokens)
             for s in result.steps:
                 print(format_step(s))
@@ -68,6 +72,11 @@ def main() -> None:
     print(f"success {sum(outcomes)}/{len(outcomes)}; mean latency per step {mean:.2f} s over {len(step_times)} steps")
     if reuse is not None:
         print(f"server totals: {reuse[1]:.0f} of {reuse[0]:.0f} prompt tokens read from the prefix cache")
+
+
+def build_index(path: Path) -> None:
+    with Index(path) as index:
+        index.add_paths([CORPUS])
 
 
 def prefix_reuse(url: str) -> tuple[float, float] | None:

@@ -250,3 +250,25 @@ def test_example_tasks_name_real_tools():
         assert isinstance(t["task"], str) and isinstance(t["expect"], str)
         assert set(t["tools"]) <= set(TOOL_NAMES)
     assert (examples / "agent_files" / "stock_note.txt").is_file()
+
+
+def test_search_tool_runs_on_the_given_torch_thread(monkeypatch, tmp_path):
+    """In-process, the search (which embeds the query with torch) must run on the server's model thread."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import quicksilver.rag.chat as rag_chat
+
+    ran_on = []
+
+    def fake_search(index_path, args, default_k):
+        ran_on.append(threading.current_thread().name)
+        return f"[1] {args['query']}", []
+
+    monkeypatch.setattr(rag_chat, "open_index", lambda path: None)
+    monkeypatch.setattr(rag_chat, "run_search_tool", fake_search)
+    with ThreadPoolExecutor(1, thread_name_prefix="model-thread") as worker:
+        [on_worker] = build_tools(["search_documents"], index_path=tmp_path / "i.sqlite", torch_thread=worker)
+        [here] = build_tools(["search_documents"], index_path=tmp_path / "i.sqlite")
+        assert on_worker({"query": "bells"}) == "[1] bells" == here({"query": "bells"})
+    assert ran_on[0].startswith("model-thread") and ran_on[1] == threading.current_thread().name

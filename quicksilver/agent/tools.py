@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,7 +230,9 @@ def python_tool(timeout: float = 10.0) -> Tool:
 
 
 # ----------------------------------------------------------------------------------------------- search
-def search_tool(index_path: str | Path, k: int = 4) -> Tool:
+def search_tool(index_path: str | Path, k: int = 4, torch_thread: Executor | None = None) -> Tool:
+    """``torch_thread``: run the search (it embeds the query) there, e.g. the model thread of a server in this
+    process: with libgomp a second thread running torch code slows that server's forwards (engine.model_thread)."""
     from quicksilver.rag.chat import SEARCH_TOOL, open_index, run_search_tool
 
     open_index(index_path)  # fail now (missing file) rather than at the first call
@@ -237,7 +240,10 @@ def search_tool(index_path: str | Path, k: int = 4) -> Tool:
                 lambda args: "")
 
     def search(args: dict) -> str:
-        text, sources = run_search_tool(index_path, args, default_k=k)
+        if torch_thread is None:
+            text, sources = run_search_tool(index_path, args, default_k=k)
+        else:
+            text, sources = torch_thread.submit(run_search_tool, index_path, args, default_k=k).result()
         seen = {(s["path"], s["chunk"]) for s in tool.sources}
         tool.sources.extend(s for s in sources if (s["path"], s["chunk"]) not in seen)
         return text
@@ -250,8 +256,9 @@ TOOL_NAMES = ("search_documents", "calculator", "read_file", "list_files", "run_
 
 
 def build_tools(names: list[str], root: str | Path | None = None, index_path: str | Path | None = None,
-                python_timeout: float = 10.0, search_k: int = 4) -> list[Tool]:
-    """Tools by name; file tools need ``root`` and search needs ``index_path``."""
+                python_timeout: float = 10.0, search_k: int = 4, torch_thread: Executor | None = None) -> list[Tool]:
+    """Tools by name; file tools need ``root`` and search needs ``index_path`` (``torch_thread``: see
+    :func:`search_tool`)."""
     unknown = [n for n in names if n not in TOOL_NAMES]
     if unknown:
         raise ValueError(f"unknown tool(s) {', '.join(unknown)}; choose from {', '.join(TOOL_NAMES)}")
@@ -264,7 +271,7 @@ def build_tools(names: list[str], root: str | Path | None = None, index_path: st
         elif name == "search_documents":
             if index_path is None:
                 raise ValueError("the search_documents tool needs --index FILE")
-            tools.append(search_tool(index_path, k=search_k))
+            tools.append(search_tool(index_path, k=search_k, torch_thread=torch_thread))
         elif name in ("read_file", "list_files"):
             if root is None:
                 raise ValueError(f"the {name} tool needs --root FOLDER")

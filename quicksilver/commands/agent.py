@@ -58,8 +58,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-steps must be at least 1")
     if not 1 <= args.search_k <= 20:
         raise ValueError("--search-k must be from 1 to 20")
+    local = not args.base_url
+    if local:  # one thread for all torch work in this process: the server's forwards and the search's embeddings
+        from quicksilver.engine import model_thread
+
+        worker = model_thread()
     tools = build_tools(_tool_names(args), root=args.root, index_path=args.index, python_timeout=args.python_timeout,
-                        search_k=args.search_k)
+                        search_k=args.search_k, torch_thread=worker if local else None)
     if args.first_tool and args.first_tool not in {t.name for t in tools}:
         raise ValueError(f"--first-tool {args.first_tool!r} is not among the tools")
     first_choice = {"type": "function", "function": {"name": args.first_tool}} if args.first_tool else "auto"
@@ -76,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
             from quicksilver.agent.local_server import serve_in_thread
             from quicksilver.api.server import create_app
 
-            # create_app loads the model on the engine's own thread (quicksilver.engine.model_thread)
-            base_url = stack.enter_context(serve_in_thread(create_app(args.model, index_path=args.index)))
+            # create_app loads the model on that thread, and the engine decodes there
+            base_url = stack.enter_context(serve_in_thread(create_app(args.model, index_path=args.index,
+                                                                      worker=worker)))
             client = OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
             model = client.models.list().data[0].id
         print(f"agent: model {model!r} at {base_url}; tools: {', '.join(t.name for t in tools)}", file=sys.stderr)
