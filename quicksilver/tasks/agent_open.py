@@ -285,6 +285,8 @@ class AgentOpen(AgentStep):
     name = "agent_open"
     description = "the next turn of an agent episode whose arguments must be copied: open-set names and numbers, " \
                   "two-tool chains"
+    # outside the suite, so the suite's figures stay comparable across sessions: evaluate with --tasks agent_open
+    in_suite = False
     episodes = (_calculator_episode, _file_episode, _search_episode, _chain_search_episode, _chain_file_episode)
 
     def generate(self, rng: random.Random, split: Split) -> Example:
