@@ -271,4 +271,7 @@ def test_search_tool_runs_on_the_given_torch_thread(monkeypatch, tmp_path):
         [on_worker] = build_tools(["search_documents"], index_path=tmp_path / "i.sqlite", torch_thread=worker)
         [here] = build_tools(["search_documents"], index_path=tmp_path / "i.sqlite")
         assert on_worker({"query": "bells"}) == "[1] bells" == here({"query": "bells"})
+        # called on the model thread itself it runs there at once (waiting on its own queue would hang)
+        assert worker.submit(on_worker, {"query": "arches"}).result(timeout=10) == "[1] arches"
     assert ran_on[0].startswith("model-thread") and ran_on[1] == threading.current_thread().name
+    assert ran_on[2].startswith("model-thread")

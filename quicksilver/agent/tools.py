@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -239,8 +240,11 @@ def search_tool(index_path: str | Path, k: int = 4, torch_thread: Executor | Non
     tool = Tool("search_documents", SEARCH_TOOL["function"]["description"], SEARCH_TOOL["function"]["parameters"],
                 lambda args: "")
 
+    # a call made on that (one-thread) executor itself runs inline: waiting for it there would never return
+    worker_ident = torch_thread.submit(threading.get_ident).result() if torch_thread is not None else None
+
     def search(args: dict) -> str:
-        if torch_thread is None:
+        if torch_thread is None or threading.get_ident() == worker_ident:
             text, sources = run_search_tool(index_path, args, default_k=k)
         else:
             text, sources = torch_thread.submit(run_search_tool, index_path, args, default_k=k).result()

@@ -58,13 +58,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-steps must be at least 1")
     if not 1 <= args.search_k <= 20:
         raise ValueError("--search-k must be from 1 to 20")
-    local = not args.base_url
-    if local:  # one thread for all torch work in this process: the server's forwards and the search's embeddings
-        from quicksilver.engine import model_thread
+    from quicksilver.engine import model_thread
 
-        worker = model_thread()
+    # in-process, one thread runs all torch work: the server's forwards and the search tool's embeddings
+    worker = None if args.base_url else model_thread()
     tools = build_tools(_tool_names(args), root=args.root, index_path=args.index, python_timeout=args.python_timeout,
-                        search_k=args.search_k, torch_thread=worker if local else None)
+                        search_k=args.search_k, torch_thread=worker)
     if args.first_tool and args.first_tool not in {t.name for t in tools}:
         raise ValueError(f"--first-tool {args.first_tool!r} is not among the tools")
     first_choice = {"type": "function", "function": {"name": args.first_tool}} if args.first_tool else "auto"

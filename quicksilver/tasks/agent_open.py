@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 from quicksilver.tasks.agent_steps import AgentStep, Episode, calculate
-from quicksilver.tasks.base import Example, Split, pick
+from quicksilver.tasks.base import Split, pick
 from quicksilver.tasks.retrieval import NOT_FOUND_ANSWERS
 
 _SYLLABLES = ("ar", "bel", "cor", "dan", "ed", "fen", "gar", "hol", "is", "jor", "kes", "lan", "mor", "nes", "ol",
@@ -36,8 +36,9 @@ def made_up_word(rng: random.Random, parts: tuple[int, ...] = (2, 3)) -> str:
 
 
 # ------------------------------------------------------------------------------------------- calculator
-_OP_WORDS = {"*": ("times", "multiplied by", "*"), "+": ("plus", "+", "added to"), "-": ("minus", "-"),
-             "/": ("divided by", "/", "over")}
+# how a task writes each operator; every fourth is held out for the eval split, like the other phrasings
+_OP_WORDS = {"*": ("times", "*", "multiplied by", "×"), "+": ("plus", "+", "added to", "together with"),
+             "-": ("minus", "-", "less", "take away"), "/": ("divided by", "/", "over", "÷")}
 _CALC_ASKS = (
     "What is {text}? Use the calculator.",
     "Use the calculator to work out {text}.",
@@ -59,19 +60,19 @@ def _operand(rng: random.Random) -> int:
     return rng.randint(10 ** (d := rng.randint(1, 6)) // 10, 10**d - 1)
 
 
-def _calculation(rng: random.Random) -> tuple[str, str]:
+def _calculation(rng: random.Random, split: Split) -> tuple[str, str]:
     """(how the task writes it, the expression the calculator is given)."""
     op = rng.choice("*+-/")
     a, b = _operand(rng), _operand(rng)
     if op == "/":  # divisions that come out whole, as a task would ask them
         b = rng.randint(2, 999)
         a = b * rng.randint(2, 9999)
-    word = rng.choice(_OP_WORDS[op])
+    word = pick(rng, _OP_WORDS[op], split)
     return f"{a} {word} {b}", f"{a} {op} {b}"
 
 
 def _calculator_episode(rng: random.Random, split: Split) -> Episode:
-    text, expr = _calculation(rng)
+    text, expr = _calculation(rng, split)
     value = calculate(expr)
     return Episode(pick(rng, _CALC_ASKS, split).format(text=text), ["calculator"],
                    [({"name": "calculator", "arguments": {"expression": expr}}, value)],
@@ -193,9 +194,12 @@ def _entity_facts(rng: random.Random) -> dict[str, str]:
 
 
 def _document(rng: random.Random, entity: str, facts: dict[str, str], keys: list[str]) -> str:
-    sentences = [rng.choice(_SEARCH_FACTS[k][0]).format(e=entity if i == 0 or rng.random() < 0.5 else "It",
-                                                        **facts)
-                 for i, k in enumerate(keys)]
+    sentences = []
+    for i, k in enumerate(keys):
+        template = rng.choice(_SEARCH_FACTS[k][0])
+        # after the first sentence, one that opens with the entity may say "It" instead
+        subject = "It" if i > 0 and template.startswith("{e}") and rng.random() < 0.5 else entity
+        sentences.append(template.format(e=subject, **facts))
     sentences.insert(rng.randint(1, len(sentences)), rng.choice(_FILLER))
     return f"# {entity}\n\n" + " ".join(sentences)
 
@@ -206,14 +210,15 @@ def _hit(rng: random.Random, entity: str, text: str, number: int) -> str:
            f"{text}"
 
 
-def _search_step(rng: random.Random, entity: str, facts: dict[str, str], key: str, answerable: bool = True
-                 ) -> tuple[dict[str, Any], str]:
-    """The search call for ``key`` of ``entity`` and what the search returns (one or two hits)."""
+def _search_step(rng: random.Random, entity: str, facts: dict[str, str], key: str, answerable: bool = True,
+                 short: bool = False) -> tuple[dict[str, Any], str]:
+    """The search call for ``key`` of ``entity`` and what the search returns (one or two hits; ``short``: one hit
+    with one other fact, so that a chained episode still fits a 512-token row)."""
     others = [k for k in _SEARCH_FACTS if k != key]
-    keys = ([key] if answerable else []) + rng.sample(others, rng.randint(1, 2))
+    keys = ([key] if answerable else []) + rng.sample(others, 1 if short else rng.randint(1, 2))
     rng.shuffle(keys)
     hits = [(entity, _document(rng, entity, facts, keys))]
-    if rng.random() < 0.3:  # an unrelated second hit
+    if not short and rng.random() < 0.3:  # an unrelated second hit
         other = _entity_name(rng)
         hits.append((other, _document(rng, other, _entity_facts(rng), rng.sample(sorted(_SEARCH_FACTS), 2))))
         rng.shuffle(hits)
@@ -229,7 +234,7 @@ def _search_episode(rng: random.Random, split: Split) -> Episode:
     step = _search_step(rng, entity, facts, key, answerable)
     q = pick(rng, _SEARCH_FACTS[key][1], split).format(e=entity, **facts)
     template = pick(rng, _SEARCH_ASKS, split)
-    ask = template.format(q=q)
+    ask = template.format(q=q if template.startswith("{q}") else q[0].lower() + q[1:])
     if not answerable:
         return Episode(ask, ["search_documents"], [step], rng.choice(NOT_FOUND_ANSWERS), None)
     value = facts[key]
@@ -237,9 +242,9 @@ def _search_episode(rng: random.Random, split: Split) -> Episode:
 
 
 # ------------------------------------------------------------------------------------------- chains
-_THEN = {"*": ("multiply it by {k}", "multiply that number by {k}", "multiply the count by {k}"),
-         "+": ("add {k} to it", "add {k} to that number", "add {k} to the count"),
-         "-": ("subtract {k} from it", "take {k} away from it", "subtract {k} from the count")}
+_THEN = {"*": ("multiply it by {k}", "multiply that number by {k}", "multiply the count by {k}", "times it by {k}"),
+         "+": ("add {k} to it", "add {k} to that number", "add {k} to the count", "increase it by {k}"),
+         "-": ("subtract {k} from it", "take {k} away from it", "subtract {k} from the count", "reduce it by {k}")}
 _CHAIN_SEARCH_ASKS = (
     "Find how many {noun} {e} has, then use the calculator to {then}.",
     "Look up the number of {noun} at {e} in the documents and {then} with the calculator.",
@@ -257,12 +262,12 @@ _CHAIN_ANSWERS = ("The result is {v}.", "{v}", "That makes {v}.", "The answer is
 
 def _chain_search_episode(rng: random.Random, split: Split) -> Episode:
     entity, facts = _entity_name(rng), _entity_facts(rng)
-    search = _search_step(rng, entity, facts, "count")
+    search = _search_step(rng, entity, facts, "count", short=True)
     op = rng.choice("*+-")
     k = rng.randint(2, 999)
     expr = f"{facts['count']} {op} {k}"
     value = calculate(expr)
-    then = rng.choice(_THEN[op]).format(k=k)
+    then = pick(rng, _THEN[op], split).format(k=k)
     ask = pick(rng, _CHAIN_SEARCH_ASKS, split).format(noun=facts["noun"], e=entity, then=then)
     return Episode(ask, ["search_documents", "calculator"],
                    [search, ({"name": "calculator", "arguments": {"expression": expr}}, value)],
@@ -288,8 +293,3 @@ class AgentOpen(AgentStep):
     # outside the suite, so the suite's figures stay comparable across sessions: evaluate with --tasks agent_open
     in_suite = False
     episodes = (_calculator_episode, _file_episode, _search_episode, _chain_search_episode, _chain_file_episode)
-
-    def generate(self, rng: random.Random, split: Split) -> Example:
-        example = super().generate(rng, split)
-        example.task = self.name
-        return example
