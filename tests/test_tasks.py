@@ -175,6 +175,7 @@ def test_tool_answer_values_must_appear_whole():
     assert mentions("It is 20 degrees.", "20") and mentions("That is 1086.13.", "1086.13")
     assert not mentions("It is 120 degrees", "20") and not mentions("It is 20.5", "20")
     assert not mentions("unsent", "sent")
+    assert not mentions("It is -20 degrees.", "20") and mentions("It is -20 degrees.", "-20")
 
 
 def test_agent_steps_offer_the_agents_own_tools_and_fit_the_training_length():

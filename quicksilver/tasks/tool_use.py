@@ -569,6 +569,7 @@ class ToolAnswer(Task):
 
 
 def mentions(text: str, value: str) -> bool:
-    """``value`` appears in ``text`` as a whole item: "20" is not found in "120" or "20.5", "ok" not in "okay"."""
-    pattern = r"(?<![\w.])" + re.escape(value) + r"(?!\.?\d)(?![A-Za-z])"
+    """``value`` appears in ``text`` as a whole item: "20" is not found in "120", "20.5" or "-20", "ok" not in
+    "okay"."""
+    pattern = r"(?<![\w.\-])" + re.escape(value) + r"(?!\.?\d)(?![A-Za-z])"
     return re.search(pattern, text, re.I) is not None
