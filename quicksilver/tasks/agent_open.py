@@ -22,6 +22,7 @@ import random
 import re
 from typing import Any
 
+from quicksilver.rag.chat import format_sources
 from quicksilver.tasks.agent_steps import AgentStep, Episode, calculate
 from quicksilver.tasks.base import Split, pick
 from quicksilver.tasks.retrieval import NOT_FOUND_ANSWERS
@@ -204,10 +205,11 @@ def _document(rng: random.Random, entity: str, facts: dict[str, str], keys: list
     return f"# {entity}\n\n" + " ".join(sentences)
 
 
-def _hit(rng: random.Random, entity: str, text: str, number: int) -> str:
+def _hit(rng: random.Random, entity: str, text: str, number: int) -> dict[str, Any]:
+    """One search result about ``entity``, as the search tool lists its sources (rag.chat.format_sources)."""
     slug = re.sub(r"[^a-z]+", "_", entity.lower()).strip("_")
-    return f"[{number}] (source: {slug}{rng.choice(('.md', '.txt', '.html'))}, lines 1-{text.count(chr(10)) + 1})\n" \
-           f"{text}"
+    return {"id": number, "path": slug + rng.choice((".md", ".txt", ".html")), "lines": [1, text.count("\n") + 1],
+            "text": text}
 
 
 def _search_step(rng: random.Random, entity: str, facts: dict[str, str], key: str, answerable: bool = True,
@@ -222,7 +224,7 @@ def _search_step(rng: random.Random, entity: str, facts: dict[str, str], key: st
         other = _entity_name(rng)
         hits.append((other, _document(rng, other, _entity_facts(rng), rng.sample(sorted(_SEARCH_FACTS), 2))))
         rng.shuffle(hits)
-    observation = "\n\n".join(_hit(rng, name, text, i) for i, (name, text) in enumerate(hits, 1))
+    observation = format_sources([_hit(rng, name, text, i) for i, (name, text) in enumerate(hits, 1)])
     query = f"{entity} {_SEARCH_FACTS[key][2].format(**facts)}"
     return {"name": "search_documents", "arguments": {"query": query}}, observation
 

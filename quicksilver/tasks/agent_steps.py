@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from quicksilver.rag.chat import format_sources
 from quicksilver.tasks.base import Example, Split, Task, check_split, clean_output, pick, system_turn, user_turn
 from quicksilver.tasks.retrieval import _FACTS, NOT_FOUND_ANSWERS, _entity, _facts, is_not_found
 from quicksilver.tasks.tool_use import mentions, parse_tool_calls
@@ -171,8 +172,9 @@ def _search_episode(rng: random.Random, split: Split) -> Episode:
         hits.append((other.lower() + rng.choice(_EXTENSIONS),
                      " ".join(_FACTS[k][0].format(e=other, **other_facts) for k in rng.sample(sorted(_FACTS), 2))))
         rng.shuffle(hits)
-    observation = "\n\n".join(f"[{i}] (source: {name}, lines 1-{rng.randint(2, 9)})\n{text}"
-                              for i, (name, text) in enumerate(hits, 1))
+    # the search tool's own formatting, so the observation is what the agent sees
+    observation = format_sources([{"id": i, "path": name, "lines": [1, rng.randint(2, 9)], "text": text}
+                                  for i, (name, text) in enumerate(hits, 1)])
     q = pick(rng, _FACTS[key][1], split).format(e=entity)
     template = pick(rng, _SEARCH_ASKS, split)
     ask = template.format(q=q if template.startswith("{q}") else q[0].lower() + q[1:])
