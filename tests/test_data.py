@@ -81,6 +81,23 @@ def test_text_samples_have_no_prompt(fake_corpus):
         assert s.prompt_ids == [] and 0 < len(s.response_ids) <= MAX_LEN
 
 
+def test_induction_drill_repeats_made_up_words_at_varying_offsets():
+    tok = tiny_tokenizer()
+    mix = resolve_mix({"induction": 1, "sudoku": 1})
+    samples = [sample_at(tok, 5, i, mix) for i in range(60)]
+    drills = [s for s in samples if s.source == "induction"]
+    assert 10 < len(drills) < 50  # the mixture weight holds; the rest are sudoku
+    for s in drills:
+        assert s.prompt_ids == [] and 48 <= len(s.response_ids) <= 192
+        assert not set(s.response_ids) & tok.special_ids
+        ids = s.response_ids
+        # tokens recur (the words are reused), but the text is not one run repeated at a fixed distance
+        assert len(set(ids)) <= 40 < len(ids)
+        assert not any(ids[n:] == ids[:-n] for n in range(1, len(ids) // 2))
+    assert len({tuple(s.response_ids) for s in drills}) == len(drills)
+    assert [sample_at(tok, 5, i, mix) for i in range(60)] == samples  # a function of (seed, index)
+
+
 def test_missing_corpus_falls_back_to_tasks(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus_mod, "CORPUS_DIR", tmp_path / "empty")
     monkeypatch.setattr(corpus_mod, "SOURCES", {})

@@ -57,6 +57,24 @@ def test_init_from_exported_model_continues_step_count(tmp_path: Path):
     assert log[-1]["tokens_seen"] == 8 * 4 * 64
 
 
+def test_init_from_with_new_schedule_restarts_steps_and_continues_the_data(tmp_path: Path):
+    recipe = toy_recipe("ar", max_steps=5)
+    done = train(recipe, TrainOptions(run_dir=tmp_path / "a", progress=False))
+    state = json.loads((done.export_dir / "training_state.json").read_text())
+    with pytest.raises(ValueError, match="--init-from"):
+        train(recipe, TrainOptions(run_dir=tmp_path / "x", new_schedule=True, progress=False))
+    again = train(recipe, TrainOptions(run_dir=tmp_path / "b", init_from=done.export_dir, new_schedule=True,
+                                       max_steps=3, progress=False))
+    assert again.step == 3 and len(again.losses) == 3
+    log = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in log if "loss" in r]
+    warmup = recipe.train.warmup_steps
+    assert steps[0]["lr"] == pytest.approx(recipe.train.lr / warmup)  # the warm-up runs again from step 0
+    new_state = json.loads((again.export_dir / "training_state.json").read_text())
+    assert new_state["data_positions"][0] > state["data_positions"][0]  # unseen rows, not the start again
+    assert new_state["warm_start"]["step"] == 5  # what the weights already cost is recorded
+
+
 def test_cli_trains_exports_and_plots(tmp_path: Path, capsys):
     recipe_path = tmp_path / "toy.yaml"
     recipe_path.write_text(yaml.safe_dump({**TOY, "train": {**TOY["train"], "max_steps": 3}}))

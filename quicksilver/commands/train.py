@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", type=Path, help="run folder (default runs/<recipe name>)")
     p.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     p.add_argument("--init-from", type=Path, help="warm start from a model folder (e.g. quicksilver/models/default)")
+    p.add_argument("--new-schedule", action="store_true",
+                   help="with --init-from: count steps from 0 with the recipe's warm-up and schedule (fresh AdamW), "
+                        "continuing the data stream")
     p.add_argument("--max-steps", type=int, help="override the recipe's max_steps (end of the LR schedule)")
     p.add_argument("--stop-at-step", type=int, help="checkpoint and stop at this step (schedule unchanged)")
     p.add_argument("--max-time-min", type=float, help="checkpoint and stop after this many minutes")
@@ -61,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-steps must be >= 1")
     opts = TrainOptions(
         run_dir=args.run_dir or Path("runs") / recipe.name, resume=args.resume, init_from=args.init_from,
+        new_schedule=args.new_schedule,
         max_steps=args.max_steps, stop_at_step=args.stop_at_step, max_time_min=args.max_time_min,
         threads=args.threads, tokenizer=args.tokenizer, progress=False if args.no_progress else None,
     )

@@ -33,6 +33,10 @@ DEFAULT_MIX: dict[str, float] = {
     "fim_code": 0.03,
 }
 CORPUS_KINDS = ("text", "code_text", "fim_code")
+# "induction": prompt-less runs of made-up words that recur (the drill in induction_sample below)
+SYNTHETIC_KINDS = ("induction",)
+INDUCTION_WORDS = (3, 10)  # distinct words per sample
+INDUCTION_TOKENS = (48, 192)
 TEXT_SOURCES = {"python_docs": 0.4, "docstrings": 0.2, "gcide": 0.2, "fortunes": 0.2}
 CODE_SOURCES = {"stdlib_code": 1.0}
 CHUNK_CHARS = 1600  # enough characters for ~256 tokens of prose with a 4k BPE
@@ -53,7 +57,7 @@ def resolve_mix(mix: dict[str, float] | None) -> dict[str, float]:
     from the default mixture only."""
     from quicksilver.tasks import TASKS
 
-    known = set(TASKS) | set(CORPUS_KINDS)
+    known = set(TASKS) | set(CORPUS_KINDS) | set(SYNTHETIC_KINDS)
     if mix is None:
         mix = {k: v for k, v in DEFAULT_MIX.items() if k in known}
     unknown = sorted(set(mix) - known)
@@ -123,6 +127,29 @@ def _corpus_sample(rng: random.Random, tokenizer: Tokenizer, kind: str, max_len:
     return Sample([], ids, source)
 
 
+def induction_sample(rng: random.Random, tokenizer: Tokenizer) -> Sample:
+    """Prompt-less text over a few made-up "words" (runs of 1-4 random tokens), each used several times.
+
+    Why: the shipped models learned every task format yet could not copy from their context (teacher-forced
+    loss on a repeated token run no lower than on its first occurrence; MODEL_CARD.md, session 18), since task
+    values come from short lists a prior can guess. After a word's first token, only an induction circuit (find
+    the earlier occurrence of this token, emit what followed it) predicts the rest of the word. The words recur
+    at unrelated offsets, so a fixed "copy from n positions back" cannot solve it; a drill of one run answered
+    by the same run (tried first) taught exactly that shortcut, which did not carry over to real text. Byte
+    tokens (ids below the first merge) are skipped: alone they are fragments of UTF-8 characters.
+    """
+    first = max(tokenizer.special_ids, default=-1) + 1
+    if tokenizer.vocab_size - first > 512:  # a real BPE: skip the 256 byte tokens too
+        first += 256
+    words = [[rng.randrange(first, tokenizer.vocab_size) for _ in range(rng.randint(1, 4))]
+             for _ in range(rng.randint(*INDUCTION_WORDS))]
+    length = rng.randint(*INDUCTION_TOKENS)
+    ids: list[int] = []
+    while len(ids) < length:
+        ids += rng.choice(words)
+    return Sample([], ids[:length], "induction")
+
+
 def task_sample(rng: random.Random, tokenizer: Tokenizer, name: str, split: str = "train") -> Sample:
     from quicksilver.tasks import TASKS, render
 
@@ -134,12 +161,14 @@ def sample_at(tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float]
     """Sample ``index`` of the stream: a function of (seed, index) only (given the corpus and code)."""
     rng = random.Random(f"{seed}:{index}")
     name = _weighted(rng, mix)
+    if name == "induction":
+        return induction_sample(rng, tokenizer)
     if name in CORPUS_KINDS:
         sample = _corpus_sample(rng, tokenizer, name, max_len)
         if sample is not None:
             return sample
         # corpus absent on this machine: fall back to the tasks of the mixture
-        tasks = {k: v for k, v in mix.items() if k not in CORPUS_KINDS}
+        tasks = {k: v for k, v in mix.items() if k not in CORPUS_KINDS + SYNTHETIC_KINDS}
         if not tasks:
             raise RuntimeError("the mixture has only corpus entries and none gave a sample (corpus absent?)")
         name = _weighted(rng, tasks)

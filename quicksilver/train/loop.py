@@ -39,6 +39,9 @@ class TrainOptions:
     run_dir: Path
     resume: bool = False
     init_from: Path | None = None  # warm start from a model folder (weights + recorded step/data position)
+    # with init_from: a new run (step 0, the recipe's warm-up and schedule) even on the same objective, because
+    # the optimizer state is not shipped and fresh AdamW moments need the warm-up; the data stream still continues
+    new_schedule: bool = False
     max_steps: int | None = None  # overrides recipe.train.max_steps (end of the LR schedule)
     stop_at_step: int | None = None  # stop (with a checkpoint) at this step without ending the schedule
     max_time_min: float | None = None  # stop (with a checkpoint) after this much wall time
@@ -234,6 +237,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     total = opts.max_steps or tr.max_steps
     if opts.resume and opts.init_from is not None:
         raise ValueError("use either --resume (continue this run) or --init-from (warm start), not both")
+    if opts.new_schedule and opts.init_from is None:
+        raise ValueError("--new-schedule starts a new run on --init-from's weights; pass --init-from too")
     resume_path = latest_checkpoint(run_dir) if opts.resume else None
     if opts.resume and resume_path is None and world.is_main:
         print(f"no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
@@ -282,11 +287,12 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
             state = json.loads(state_path.read_text())
             saved = list(state["data_positions"])
             positions = [saved[r] if r < len(saved) else 0 for r in range(world.size)]  # unseen data either way
-            if state.get("objective") == recipe.objective:  # the same run continued: its step, schedule, counts
+            if state.get("objective") == recipe.objective and not opts.new_schedule:
+                # the same run continued: its step, schedule, counts
                 step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
                 samples_seen, train_seconds = int(state["samples_seen"]), float(state["train_seconds"])
                 warm_start = state.get("warm_start")
-            else:  # a new run on another objective: record what its weights already cost
+            else:  # a new run (another objective, or a new schedule): record what its weights already cost
                 warm_start = {k: state.get(k) for k in ("objective", "step", "tokens_seen", "samples_seen",
                                                          "train_seconds", "warm_start")}
         if step >= total:
