@@ -81,6 +81,18 @@ def test_text_samples_have_no_prompt(fake_corpus):
         assert s.prompt_ids == [] and 0 < len(s.response_ids) <= MAX_LEN
 
 
+def test_copy_drill_answers_with_its_prompt_of_ordinary_tokens():
+    tok = tiny_tokenizer()
+    mix = resolve_mix({"copy": 1, "sudoku": 1})
+    samples = [sample_at(tok, 5, i, mix) for i in range(60)]
+    copies = [s for s in samples if s.source == "copy"]
+    assert 10 < len(copies) < 50  # the mixture weight holds; the rest are sudoku
+    for s in copies:
+        assert 8 <= len(s.prompt_ids) <= 80 and s.response_ids == s.prompt_ids + [tok.eos_id]
+        assert not set(s.prompt_ids) & tok.special_ids
+    assert len({tuple(s.prompt_ids) for s in copies}) == len(copies)  # random runs, not a closed set
+
+
 def test_induction_drill_repeats_made_up_words_at_varying_offsets():
     tok = tiny_tokenizer()
     mix = resolve_mix({"induction": 1, "sudoku": 1})

@@ -33,8 +33,10 @@ DEFAULT_MIX: dict[str, float] = {
     "fim_code": 0.03,
 }
 CORPUS_KINDS = ("text", "code_text", "fim_code")
-# "induction": prompt-less runs of made-up words that recur (the drill in induction_sample below)
-SYNTHETIC_KINDS = ("induction",)
+# "copy": a run of random tokens answered by the same run; "induction": prompt-less text of made-up words that
+# recur (the drills in copy_sample and induction_sample below)
+SYNTHETIC_KINDS = ("copy", "induction")
+COPY_TOKENS = (8, 80)
 INDUCTION_WORDS = (3, 10)  # distinct words per sample
 INDUCTION_TOKENS = (48, 192)
 TEXT_SOURCES = {"python_docs": 0.4, "docstrings": 0.2, "gcide": 0.2, "fortunes": 0.2}
@@ -127,20 +129,35 @@ def _corpus_sample(rng: random.Random, tokenizer: Tokenizer, kind: str, max_len:
     return Sample([], ids, source)
 
 
+def _ordinary_first_id(tokenizer: Tokenizer) -> int:
+    """First id the drills draw from: byte tokens (ids below the first merge) are fragments of UTF-8 characters."""
+    first = max(tokenizer.special_ids, default=-1) + 1
+    return first + 256 if tokenizer.vocab_size - first > 512 else first  # a real BPE: skip the byte tokens
+
+
+def copy_sample(rng: random.Random, tokenizer: Tokenizer) -> Sample:
+    """Random tokens as the prompt, the same tokens (then EOS) as the answer.
+
+    Why: the shipped models learned every task format yet could not copy from their context (teacher-forced
+    loss on a repeated run of random tokens no lower than on its first occurrence; MODEL_CARD.md, session 18),
+    since task values come from short lists a prior can guess. A random run leaves nothing to guess, so only a
+    copy circuit lowers the loss. In session 18 this drill gave the twin one within ~1,000 steps, and that
+    circuit also predicted recurring made-up words at unrelated offsets (benchmarks/copy_probe.py).
+    """
+    first = _ordinary_first_id(tokenizer)
+    run = [rng.randrange(first, tokenizer.vocab_size) for _ in range(rng.randint(*COPY_TOKENS))]
+    return Sample(run, run + [tokenizer.eos_id], "copy")
+
+
 def induction_sample(rng: random.Random, tokenizer: Tokenizer) -> Sample:
     """Prompt-less text over a few made-up "words" (runs of 1-4 random tokens), each used several times.
 
-    Why: the shipped models learned every task format yet could not copy from their context (teacher-forced
-    loss on a repeated token run no lower than on its first occurrence; MODEL_CARD.md, session 18), since task
-    values come from short lists a prior can guess. After a word's first token, only an induction circuit (find
-    the earlier occurrence of this token, emit what followed it) predicts the rest of the word. The words recur
-    at unrelated offsets, so a fixed "copy from n positions back" cannot solve it; a drill of one run answered
-    by the same run (tried first) taught exactly that shortcut, which did not carry over to real text. Byte
-    tokens (ids below the first merge) are skipped: alone they are fragments of UTF-8 characters.
+    After a word's first token, only an induction circuit (find the earlier occurrence of this token, emit what
+    followed it) predicts the rest of the word, and the words recur at unrelated offsets, so a fixed "copy from
+    n positions back" cannot solve it. In session 18, 1,500 steps of it at half the mixture did not give the
+    shipped twin that circuit (the ``copy`` drill did); it stays for training from scratch.
     """
-    first = max(tokenizer.special_ids, default=-1) + 1
-    if tokenizer.vocab_size - first > 512:  # a real BPE: skip the 256 byte tokens too
-        first += 256
+    first = _ordinary_first_id(tokenizer)
     words = [[rng.randrange(first, tokenizer.vocab_size) for _ in range(rng.randint(1, 4))]
              for _ in range(rng.randint(*INDUCTION_WORDS))]
     length = rng.randint(*INDUCTION_TOKENS)
@@ -161,6 +178,8 @@ def sample_at(tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float]
     """Sample ``index`` of the stream: a function of (seed, index) only (given the corpus and code)."""
     rng = random.Random(f"{seed}:{index}")
     name = _weighted(rng, mix)
+    if name == "copy":
+        return copy_sample(rng, tokenizer)
     if name == "induction":
         return induction_sample(rng, tokenizer)
     if name in CORPUS_KINDS:
