@@ -1,6 +1,6 @@
 """``quicksilver train``: train from a YAML recipe, plot loss curves, or export a run as a model folder.
 
-    quicksilver train RECIPE.yaml [--run-dir DIR] [--resume | --init-from MODEL_DIR] [--max-steps N]
+    quicksilver train RECIPE.yaml [--run-dir DIR] [--resume | --init-from MODEL_DIR [--new-schedule]] [--max-steps N]
     quicksilver train plot LOG.jsonl [LOG.jsonl ...] -o loss.png
     quicksilver train export RUN_DIR -o MODEL_DIR [--checkpoint FILE]
 
