@@ -26,6 +26,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from quicksilver.data.mixture import ordinary_first_id
 from quicksilver.loading import load_model
 
 
@@ -41,8 +42,7 @@ def causal_losses(model, ids: list[int]) -> list[float]:
 
 
 def ordinary_ids(tokenizer) -> range:
-    first = max(tokenizer.special_ids, default=-1) + 1 + 256  # byte tokens are UTF-8 fragments
-    return range(first, tokenizer.vocab_size)
+    return range(ordinary_first_id(tokenizer), tokenizer.vocab_size)  # the ids the training drills draw from
 
 
 def run_probe(model, tokenizer, rng: random.Random) -> tuple[float, float]:

@@ -81,12 +81,20 @@ def test_text_samples_have_no_prompt(fake_corpus):
         assert s.prompt_ids == [] and 0 < len(s.response_ids) <= MAX_LEN
 
 
+def _drill_samples(kind: str) -> list[Sample]:
+    """The drill ``kind``'s samples among 60 of a stream that is half that drill (the rest sudoku)."""
+    tok = tiny_tokenizer()
+    mix = resolve_mix({kind: 1, "sudoku": 1})
+    samples = [sample_at(tok, 5, i, mix) for i in range(60)]
+    drills = [s for s in samples if s.source == kind]
+    assert 10 < len(drills) < 50  # the mixture weight holds
+    assert [sample_at(tok, 5, i, mix) for i in range(60)] == samples  # a function of (seed, index)
+    return drills
+
+
 def test_copy_drill_answers_with_its_prompt_of_ordinary_tokens():
     tok = tiny_tokenizer()
-    mix = resolve_mix({"copy": 1, "sudoku": 1})
-    samples = [sample_at(tok, 5, i, mix) for i in range(60)]
-    copies = [s for s in samples if s.source == "copy"]
-    assert 10 < len(copies) < 50  # the mixture weight holds; the rest are sudoku
+    copies = _drill_samples("copy")
     for s in copies:
         assert 8 <= len(s.prompt_ids) <= 80 and s.response_ids == s.prompt_ids + [tok.eos_id]
         assert not set(s.prompt_ids) & tok.special_ids
@@ -95,10 +103,7 @@ def test_copy_drill_answers_with_its_prompt_of_ordinary_tokens():
 
 def test_induction_drill_repeats_made_up_words_at_varying_offsets():
     tok = tiny_tokenizer()
-    mix = resolve_mix({"induction": 1, "sudoku": 1})
-    samples = [sample_at(tok, 5, i, mix) for i in range(60)]
-    drills = [s for s in samples if s.source == "induction"]
-    assert 10 < len(drills) < 50  # the mixture weight holds; the rest are sudoku
+    drills = _drill_samples("induction")
     for s in drills:
         assert s.prompt_ids == [] and 48 <= len(s.response_ids) <= 192
         assert not set(s.response_ids) & tok.special_ids
@@ -107,7 +112,6 @@ def test_induction_drill_repeats_made_up_words_at_varying_offsets():
         assert len(set(ids)) <= 40 < len(ids)
         assert not any(ids[n:] == ids[:-n] for n in range(1, len(ids) // 2))
     assert len({tuple(s.response_ids) for s in drills}) == len(drills)
-    assert [sample_at(tok, 5, i, mix) for i in range(60)] == samples  # a function of (seed, index)
 
 
 def test_missing_corpus_falls_back_to_tasks(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ resumed at any index in O(1) and two processes reading the same index agree.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from quicksilver.tokenizer import Tokenizer
@@ -33,9 +33,6 @@ DEFAULT_MIX: dict[str, float] = {
     "fim_code": 0.03,
 }
 CORPUS_KINDS = ("text", "code_text", "fim_code")
-# "copy": a run of random tokens answered by the same run; "induction": prompt-less text of made-up words that
-# recur (the drills in copy_sample and induction_sample below)
-SYNTHETIC_KINDS = ("copy", "induction")
 COPY_TOKENS = (8, 80)
 INDUCTION_WORDS = (3, 10)  # distinct words per sample
 INDUCTION_TOKENS = (48, 192)
@@ -129,7 +126,7 @@ def _corpus_sample(rng: random.Random, tokenizer: Tokenizer, kind: str, max_len:
     return Sample([], ids, source)
 
 
-def _ordinary_first_id(tokenizer: Tokenizer) -> int:
+def ordinary_first_id(tokenizer: Tokenizer) -> int:
     """First id the drills draw from: byte tokens (ids below the first merge) are fragments of UTF-8 characters."""
     first = max(tokenizer.special_ids, default=-1) + 1
     return first + 256 if tokenizer.vocab_size - first > 512 else first  # a real BPE: skip the byte tokens
@@ -144,7 +141,7 @@ def copy_sample(rng: random.Random, tokenizer: Tokenizer) -> Sample:
     copy circuit lowers the loss. In session 18 this drill gave the twin one within ~1,000 steps, and that
     circuit also predicted recurring made-up words at unrelated offsets (benchmarks/copy_probe.py).
     """
-    first = _ordinary_first_id(tokenizer)
+    first = ordinary_first_id(tokenizer)
     run = [rng.randrange(first, tokenizer.vocab_size) for _ in range(rng.randint(*COPY_TOKENS))]
     return Sample(run, run + [tokenizer.eos_id], "copy")
 
@@ -157,7 +154,7 @@ def induction_sample(rng: random.Random, tokenizer: Tokenizer) -> Sample:
     n positions back" cannot solve it. In session 18, 1,500 steps of it at half the mixture did not give the
     shipped twin that circuit (the ``copy`` drill did); it stays for training from scratch.
     """
-    first = _ordinary_first_id(tokenizer)
+    first = ordinary_first_id(tokenizer)
     words = [[rng.randrange(first, tokenizer.vocab_size) for _ in range(rng.randint(1, 4))]
              for _ in range(rng.randint(*INDUCTION_WORDS))]
     length = rng.randint(*INDUCTION_TOKENS)
@@ -165,6 +162,13 @@ def induction_sample(rng: random.Random, tokenizer: Tokenizer) -> Sample:
     while len(ids) < length:
         ids += rng.choice(words)
     return Sample([], ids[:length], "induction")
+
+
+# drills made from random tokens: "copy" (a run answered by itself), "induction" (made-up words that recur)
+SYNTHETIC: dict[str, Callable[[random.Random, Tokenizer], Sample]] = {
+    "copy": copy_sample, "induction": induction_sample,
+}
+SYNTHETIC_KINDS = tuple(SYNTHETIC)
 
 
 def task_sample(rng: random.Random, tokenizer: Tokenizer, name: str, split: str = "train") -> Sample:
@@ -178,10 +182,8 @@ def sample_at(tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float]
     """Sample ``index`` of the stream: a function of (seed, index) only (given the corpus and code)."""
     rng = random.Random(f"{seed}:{index}")
     name = _weighted(rng, mix)
-    if name == "copy":
-        return copy_sample(rng, tokenizer)
-    if name == "induction":
-        return induction_sample(rng, tokenizer)
+    if name in SYNTHETIC:
+        return SYNTHETIC[name](rng, tokenizer)
     if name in CORPUS_KINDS:
         sample = _corpus_sample(rng, tokenizer, name, max_len)
         if sample is not None:
