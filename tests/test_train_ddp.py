@@ -33,3 +33,31 @@ def test_two_processes_train_and_agree(tmp_path: Path):
     # each step consumed both ranks' rows: 2 processes x 4 rows x 64 tokens
     assert log[-1]["tokens_seen"] == 12 * 2 * 4 * 64
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["ckpt-00000006.pt", "ckpt-00000012.pt"]
+
+
+RELEASE_SCRIPT = """
+import glob, torch
+from quicksilver.train import ddp
+world = ddp.init_world()
+torch.optim.AdamW(torch.nn.Linear(4, 4).parameters())  # imports torch._dynamo, as the trainer's optimizer does
+out = [None] * world.size
+torch.distributed.all_gather_object(out, world.rank)
+ddp.shutdown(world)
+names = [open(f).read().strip() for f in glob.glob("/proc/self/task/*/comm")]
+print("gloo threads after shutdown:", sum(n.startswith(("pt_gloo", "gloo")) for n in names))
+"""
+
+
+def test_shutdown_releases_the_process_group(tmp_path: Path):
+    """Once shut down, no gloo worker thread may outlive the run: one still alive at interpreter exit could
+    abort the process ("terminate called without an active exception"), the old flake of the test above."""
+    if not Path("/proc/self/task").is_dir():
+        import pytest
+
+        pytest.skip("needs /proc to list threads")
+    script = tmp_path / "release.py"
+    script.write_text(RELEASE_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("gloo threads after shutdown: 0") == 2, proc.stdout

@@ -37,6 +37,12 @@ def init_world() -> World:
     if size <= 1:
         return World()
     if not dist.is_initialized():
+        # torch._dynamo (imported lazily, e.g. by the first AdamW) keeps references to a process group that
+        # exists when it is imported, so destroy_process_group() would not free it; its gloo worker threads
+        # then outlive the interpreter and can abort the process at exit ("terminate called without an
+        # active exception": a late Work destructor needs the GIL during finalization). Import it first.
+        import torch._dynamo  # noqa: F401
+
         dist.init_process_group("gloo")
     return World(dist.get_rank(), dist.get_world_size())
 
