@@ -53,6 +53,23 @@ def test_file_tools_stay_inside_the_folder(tmp_path):
     assert read({"path": "missing.txt"}).startswith("error: ")
 
 
+
+def test_read_file_offers_the_folders_files_as_an_enum(tmp_path):
+    root = tmp_path / "work"
+    (root / "sub").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    for rel in ("b.txt", "a.md", "sub/c.py", ".env", ".hidden/x.txt"):
+        (root / rel).write_text("x")
+    (tmp_path / "secret.txt").write_text("outside")
+    os.symlink(tmp_path / "secret.txt", root / "link.txt")  # leads outside: not offered
+    read, listing = file_tools(root)
+    assert read.parameters["properties"]["path"]["enum"] == ["a.md", "b.txt", "sub/c.py"]
+    assert "enum" not in listing.parameters["properties"]["path"]  # folders stay free
+    # more files than the limit, or the limit off: a free path, as before
+    for tools in (file_tools(root, enum_limit=2), file_tools(root, enum_limit=0)):
+        assert tools[0].parameters["properties"]["path"] == {"type": "string"}
+    assert read({"path": "sub/c.py"}) == "x"
+
 def test_python_runs_isolated_without_network_and_with_timeout():
     out = run_python("import sys\nprint(sum(range(10)), sys.flags.isolated)")
     assert out.startswith("exit status 0") and "45 1" in out

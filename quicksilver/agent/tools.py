@@ -144,10 +144,37 @@ PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "re
                "additionalProperties": False}
 
 
-def file_tools(root: str | Path, max_bytes: int = 100_000) -> list[Tool]:
+# read_file offers the folder's files by name when there are at most this many: the server's constrained decoding
+# then cannot produce a path that does not exist (small models invent plausible names, session 17).
+ENUM_FILES_LIMIT = 32
+
+
+def folder_files(root: Path, limit: int) -> list[str] | None:
+    """The non-hidden files inside ``root`` (relative POSIX paths, sorted; links leading outside it left out), or
+    None as soon as there are more than ``limit``."""
+    base = root.resolve()
+    found: list[str] = []
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(f for f in files if not f.startswith(".")):
+            path = Path(folder) / name
+            if not path.resolve().is_relative_to(base) or not path.is_file():
+                continue
+            found.append(path.relative_to(base).as_posix())
+            if len(found) > limit:
+                return None
+    return sorted(found)
+
+
+def file_tools(root: str | Path, max_bytes: int = 100_000, enum_limit: int = ENUM_FILES_LIMIT) -> list[Tool]:
+    """read_file and list_files confined to ``root``. When the folder holds at most ``enum_limit`` files (0: never),
+    read_file's ``path`` is an enum of them, listed when the tools are built; larger folders get a free path."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: not a folder")
+    names = folder_files(root, enum_limit) if enum_limit > 0 else None
+    read_schema = PATH_SCHEMA if not names else {
+        **PATH_SCHEMA, "properties": {"path": {"type": "string", "enum": names}}}
 
     def read_file(args: dict) -> str:
         path = confined(root, _string_arg(args, "path"))
@@ -166,7 +193,7 @@ def file_tools(root: str | Path, max_bytes: int = 100_000) -> list[Tool]:
         return "\n".join(names) or "(empty folder)"
 
     return [
-        Tool("read_file", READ_FILE_DESCRIPTION, PATH_SCHEMA, read_file),
+        Tool("read_file", READ_FILE_DESCRIPTION, read_schema, read_file),
         Tool("list_files", LIST_FILES_DESCRIPTION, PATH_SCHEMA, list_files),
     ]
 
