@@ -4,8 +4,8 @@ Each experiment times alternatives round-robin on one thread and prints medians 
 machine's load (shared cores) hits every alternative alike. Shapes are those of the shipped default model
 (hidden 256, 4 heads of 64, 2 KV heads, MLP 704, vocab 4096, blocks of 32) unless a flag says otherwise.
 
-  linear      F.linear bf16 / fp32, oneDNN-prepacked bf16, int8 dynamic (torch.ao) and int8 rows (--precision
-              int8), for 1 / 32 / 64 / 1024 rows
+  linear      F.linear bf16 / fp32, oneDNN-prepacked bf16, int8 dynamic (torch.ao), int8 rows (--precision
+              int8) and weight-only int8 with bf16 inputs, for 1 / 32 / 64 / 1024 rows
   fused       separate q,k,v and gate,up projections vs one concatenated matmul
   attention   SDPA with an all-true mask vs no mask (what a cached steady-state step could pass)
   compile     torch.compile(freezing) of the whole block forward vs eager, plus its compile time
@@ -54,11 +54,17 @@ def linear(hidden: int, inter: int, vocab: int) -> None:
             mk = mkldnn.to_mkldnn(copy.deepcopy(lin), torch.bfloat16)
             q8 = quantize_dynamic(torch.nn.Sequential(copy.deepcopy(lin)), {torch.nn.Linear}, dtype=torch.qint8)
             rows8 = Int8Linear(lin)  # what --precision int8 uses: one scale per input row
+            # weight-only int8 (bf16 inputs, one fused kernel): no activation quantisation to pay per call
+            w = lin.weight.detach()
+            w_scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+            w8 = (w / w_scale[:, None]).round().to(torch.int8).contiguous()
+            w_scale = w_scale.bfloat16()
             x = torch.randn(rows, k)
             xb = x.bfloat16()
             with torch.inference_mode():
                 r = timed({"fp32": lambda: lin(x), "bf16": lambda: lb(xb), "bf16_prepacked": lambda: mk(xb),
-                           "int8_dynamic": lambda: q8(x), "int8_rows": lambda: rows8(x)}, 100)
+                           "int8_dynamic": lambda: q8(x), "int8_rows": lambda: rows8(x),
+                           "int8_weights_bf16": lambda: torch._weight_int8pack_mm(xb, w8, w_scale)}, 100)
             print(f"rows {rows:5d} {k}x{n}: {r}")
 
 

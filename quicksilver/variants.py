@@ -7,6 +7,11 @@ row's output depends only on that row, as in a float model: batching, the prefix
 answers as they are. On this project's CPUs (AVX-512, no AMX) it runs faster than bf16; on 1,100 suite prompts the
 shipped default scores as in bf16 and the twin 2 lower (docs/performance.md section 8). It is an option, not the
 default.
+
+int8w (:class:`Int8WeightLinear`) keeps only the weights in int8 (one scale per output row) and multiplies bf16 inputs
+by them in one fused kernel (``torch._weight_int8pack_mm``): no input quantisation to pay per call. For a single row
+(an AR model's decode step) a linear layer runs several times faster than in int8 or bf16 here; from a few dozen rows
+on it is slower than both (``python benchmarks/microbench.py linear``). So it suits the AR twin, not the block decoder.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from torch import nn
 
 from quicksilver.model import MoE, Transformer
 
-PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8")  # what a served model may run in
+PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8", "int8w")  # what a served model may run in
 VARIANTS: tuple[str, ...] = (*PRECISIONS, "compile")  # what the benchmark measures
 
 
@@ -26,12 +31,15 @@ def precision_of(model: Transformer) -> str:
     """The precision a loaded model runs in, named as ``--precision`` names it (another dtype: its torch name)."""
     if any(isinstance(m, Int8Linear) for m in model.modules()):
         return "int8"
+    if any(isinstance(m, Int8WeightLinear) for m in model.modules()):
+        return "int8w"
     return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
 
 
 def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transformer:
     """``model`` in ``variant`` (a copy unless ``copy`` is False): "bf16", "fp32", "int8" (every linear layer an
-    :class:`Int8Linear`; embeddings, norms and attention stay float32) or "compile" (bf16, forward compiled by
+    :class:`Int8Linear`; embeddings, norms and attention stay float32), "int8w" (every linear layer an
+    :class:`Int8WeightLinear`, the rest bf16) or "compile" (bf16, forward compiled by
     torch.compile with dynamic shapes and frozen weights: tens of seconds per new graph on first use)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown model variant {variant!r} (known: {', '.join(VARIANTS)})")
@@ -45,15 +53,16 @@ def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transform
         compiled = model.to(torch.bfloat16).eval()
         compiled.forward = torch.compile(compiled.forward, dynamic=True)
         return compiled
-    fp32 = model.to(torch.float32).eval()
+    float_model = model.to(torch.bfloat16 if variant == "int8w" else torch.float32).eval()
     if variant == "fp32":
-        return fp32
-    for module in list(fp32.modules()):
+        return float_model
+    quantised = Int8WeightLinear if variant == "int8w" else Int8Linear
+    for module in list(float_model.modules()):
         for name, child in list(module.named_children()):
             # a mixture-of-experts router stays float: it reads its weight directly, and its choices are discrete
             if isinstance(child, nn.Linear) and not (isinstance(module, MoE) and name == "gate"):
-                setattr(module, name, Int8Linear(child))
-    return fp32
+                setattr(module, name, quantised(child))
+    return float_model
 
 
 class Int8Linear(nn.Module):
@@ -81,3 +90,27 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class Int8WeightLinear(nn.Module):
+    """A linear layer with int8 weights (one scale per output row) and bf16 inputs and outputs: one fused kernel
+    per call. Each output row depends only on its input row."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+        self.register_buffer("weight", (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous())
+        self.register_buffer("weight_scale", scale.to(torch.bfloat16))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch._weight_int8pack_mm(rows, self.weight, self.weight_scale)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"

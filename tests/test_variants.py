@@ -13,7 +13,7 @@ from quicksilver.decoding import Decoder
 from quicksilver.loading import load_model
 from quicksilver.sampling import SamplingParams
 from quicksilver.testing import save_tiny_model, tiny_model, tiny_tokenizer
-from quicksilver.variants import Int8Linear, as_variant, precision_of
+from quicksilver.variants import Int8Linear, Int8WeightLinear, as_variant, precision_of
 from tests.exact_cache_cases import peaked
 
 
@@ -58,6 +58,29 @@ def test_int8_rows_do_not_depend_on_the_rows_beside_them():
         dec.step(states)
     assert [s.answer_ids for s in states] == alone
 
+
+
+def test_int8w_keeps_int8_weights_and_decodes_like_the_float_model():
+    """Weight-only int8 for the AR twin's one-row steps: every linear layer replaced, the rest bf16, a row's output
+    independent of the rows beside it, and a confident causal model's greedy answers unchanged."""
+    model = peaked("causal")
+    w8 = as_variant(model, "int8w")
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, Int8WeightLinear) for m in w8.modules()) == n_linear > 0
+    assert precision_of(w8) == "int8w" and w8.dtype == torch.bfloat16
+    layer = Int8WeightLinear(torch.nn.Linear(64, 96, bias=True))
+    rows = (torch.randn(9, 64) * torch.logspace(-2, 2, 9)[:, None]).bfloat16()
+    assert layer(rows).dtype == torch.bfloat16
+    assert torch.equal(torch.cat([layer(r[None]) for r in rows]), layer(rows))
+    ids = torch.tensor(tiny_tokenizer().encode("The quick brown fox"))
+    with torch.inference_mode():
+        ref, _ = model.forward_packed(ids, torch.arange(len(ids)), [len(ids)], [None], [None])
+        out, _ = w8.forward_packed(ids, torch.arange(len(ids)), [len(ids)], [None], [None])
+    assert 0 < (out.float() - ref).abs().max() < 0.05 * ref.abs().max()
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    for prompt in ("hello", "def add(a, b):", "The quick brown fox"):
+        want = Decoder(model, tiny_tokenizer()).generate(prompt, params).token_ids
+        assert Decoder(w8, tiny_tokenizer()).generate(prompt, params).token_ids == want
 
 def test_int8_keeps_a_mixture_of_experts_router_in_float():
     model = tiny_model("block_causal", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)

@@ -27,6 +27,10 @@ from quicksilver.decoding import Decoder
 from quicksilver.decoding.speculative import can_verify
 from quicksilver.variants import as_variant
 
+# variants measured for the AR model only: they pay off in one-row decode steps and are slower than int8 at the
+# block decoder's row counts (benchmarks/microbench.py linear), so as its headline they would slow its batched serving
+ONE_ROW_VARIANTS = ("int8w",)
+
 
 @dataclass
 class BenchOptions:
@@ -35,7 +39,7 @@ class BenchOptions:
     tasks: list[str] | None = None  # default: every task in the suite
     per_task: int = 2
     # rows besides each model's headline variant (the faster of bf16/fp32 on this machine, measured)
-    variants: list[str] = field(default_factory=lambda: ["int8"])
+    variants: list[str] = field(default_factory=lambda: ["int8", "int8w"])
     threads: int | None = None  # None: the faster of 1 and 2 in the forward benchmark
     sweep: bool = True
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
@@ -196,7 +200,7 @@ def run_bench(opts: BenchOptions) -> dict:
         if ld is None:
             continue
         head = _float_variant(fwd, kind)
-        for v in dict.fromkeys([head, *opts.variants]):
+        for v in dict.fromkeys([head, *(v for v in opts.variants if kind == "ar" or v not in ONE_ROW_VARIANTS)]):
             dec = Decoder(as_variant(ld.model, v), ld.tokenizer, ld.defaults)
             decoders[(kind, v)] = dec
             configs.append((kind, v, ld.name, ld, Config(f"{ld.name} [{v}]", dec, _base_params(ld, opts),

@@ -22,9 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ar-model", default="ar-twin", help="autoregressive twin ('none' to skip; default ar-twin)")
     p.add_argument("--tasks", help="comma-separated task names (default: the whole suite)")
     p.add_argument("--per-task", type=int, help="held-out prompts per task (default 2; --quick 1)")
-    p.add_argument("--variants", default="int8",
+    p.add_argument("--variants", default="int8,int8w",
                    help="extra rows per model besides its fastest of bf16/fp32: comma-separated from bf16,fp32,int8,"
-                        "compile (default int8; 'none' for no extra rows; compile recompiles per new graph, slow)")
+                        "int8w,compile (default int8,int8w; int8w for the AR model only; 'none' for no extra rows; "
+                        "compile recompiles per new graph, slow)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: the faster of 1 and 2, measured)")
     p.add_argument("--concurrency", type=_int_list, help="concurrency levels (default 1,4,16,32; --quick 1,4)")
     p.add_argument("--requests-per-level", type=int,
