@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("rev", help="git revision of the 'old' side")
     ap.add_argument("--model", help="model folder (default: random weights at the default recipe's size)")
     ap.add_argument("--mode", default="block_causal", choices=("block_causal", "causal"))
-    ap.add_argument("--variant", default="bf16", choices=("bf16", "fp32", "int8"))
+    ap.add_argument("--variant", default="bf16", choices=("bf16", "fp32", "int8", "int8w"))
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=6)

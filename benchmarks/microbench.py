@@ -9,7 +9,7 @@ machine's load (shared cores) hits every alternative alike. Shapes are those of 
   fused       separate q,k,v and gate,up projections vs one concatenated matmul
   attention   SDPA with an all-true mask vs no mask (what a cached steady-state step could pass)
   compile     torch.compile(freezing) of the whole block forward vs eager, plus its compile time
-  profile     torch profiler table of one block forward (--variant bf16|fp32|int8): where the time goes
+  profile     torch profiler table of one block forward (--variant bf16|fp32|int8|int8w): where the time goes
   backends    SDPA default (flash) kernel vs the math kernel the engine forces for batch invariance
 """
 
@@ -182,7 +182,7 @@ def backends(heads: int, kv: int, head_dim: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment", choices=("linear", "fused", "attention", "compile", "profile", "backends"))
-    ap.add_argument("--variant", default="bf16", choices=("bf16", "fp32", "int8"))
+    ap.add_argument("--variant", default="bf16", choices=("bf16", "fp32", "int8", "int8w"))
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)

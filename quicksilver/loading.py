@@ -45,7 +45,7 @@ def load_model(
     name_or_path: str | None = None, dtype: torch.dtype | None = None, precision: str | None = None
 ) -> LoadedModel:
     """Load our layout directly; hand other Hugging Face folders to the matching family adapter. ``precision``
-    ("bf16", "fp32" or "int8": :mod:`quicksilver.variants`) converts the loaded weights in place."""
+    ("bf16", "fp32", "int8" or "int8w": :mod:`quicksilver.variants`) converts the loaded weights in place."""
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
     folder = resolve_model_path(name_or_path)

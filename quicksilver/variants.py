@@ -1,4 +1,4 @@
-"""Numeric variants of a loaded model: bf16, fp32, int8, or a torch.compile'd bf16 copy.
+"""Numeric variants of a loaded model: bf16, fp32, int8, int8w, or a torch.compile'd bf16 copy.
 
 Serving commands take ``--precision`` (one of :data:`PRECISIONS`); the benchmark also measures "compile".
 int8 (:class:`Int8Linear`) stores every linear layer's weights in int8 with one scale per output row and quantises
@@ -10,8 +10,10 @@ default.
 
 int8w (:class:`Int8WeightLinear`) keeps only the weights in int8 (one scale per output row) and multiplies bf16 inputs
 by them in one fused kernel (``torch._weight_int8pack_mm``): no input quantisation to pay per call. For a single row
-(an AR model's decode step) a linear layer runs several times faster than in int8 or bf16 here; from a few dozen rows
-on it is slower than both (``python benchmarks/microbench.py linear``). So it suits the AR twin, not the block decoder.
+(an AR model's decode step) a linear layer runs several times faster than in int8 or bf16 here; at a few dozen rows it
+is slower than int8 (``python benchmarks/microbench.py linear``), which matters most in batched serving. So it suits
+the AR twin's single stream, not the block decoder. Layers whose input size is not a multiple of 16 stay bf16: the
+kernel is only right for those.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transform
     torch.compile with dynamic shapes and frozen weights: tens of seconds per new graph on first use)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown model variant {variant!r} (known: {', '.join(VARIANTS)})")
+    if any(isinstance(m, (Int8Linear, Int8WeightLinear)) for m in model.modules()):
+        raise ValueError(f"the model is already in {precision_of(model)}; convert from the float model")
     model = copy_module.deepcopy(model) if copy else model
     if variant == "bf16":
         return model.to(torch.bfloat16).eval()
@@ -61,6 +65,8 @@ def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transform
         for name, child in list(module.named_children()):
             # a mixture-of-experts router stays float: it reads its weight directly, and its choices are discrete
             if isinstance(child, nn.Linear) and not (isinstance(module, MoE) and name == "gate"):
+                if quantised is Int8WeightLinear and child.in_features % INT8W_ALIGN:
+                    continue  # the fused kernel is wrong for such shapes: this layer stays bf16
                 setattr(module, name, quantised(child))
     return float_model
 
@@ -92,6 +98,9 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
+INT8W_ALIGN = 16  # torch._weight_int8pack_mm gives wrong results (or crashes) for other input sizes
+
+
 class Int8WeightLinear(nn.Module):
     """A linear layer with int8 weights (one scale per output row) and bf16 inputs and outputs: one fused kernel
     per call. Each output row depends only on its input row."""
@@ -101,13 +110,17 @@ class Int8WeightLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-        self.register_buffer("weight", (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous())
+        if self.in_features % INT8W_ALIGN:
+            raise ValueError(f"int8w needs an input size divisible by {INT8W_ALIGN}, not {self.in_features}")
+        # not named "weight": a quantised layer must never pass for a float one in a saved state dict
+        self.register_buffer("weight_int8", (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+                             .contiguous())
         self.register_buffer("weight_scale", scale.to(torch.bfloat16))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch._weight_int8pack_mm(rows, self.weight, self.weight_scale)
+        y = torch._weight_int8pack_mm(rows, self.weight_int8, self.weight_scale)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

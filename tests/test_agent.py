@@ -65,10 +65,27 @@ def test_read_file_offers_the_folders_files_as_an_enum(tmp_path):
     read, listing = file_tools(root)
     assert read.parameters["properties"]["path"]["enum"] == ["a.md", "b.txt", "sub/c.py"]
     assert "enum" not in listing.parameters["properties"]["path"]  # folders stay free
+    assert file_tools(root, enum_limit=3)[0].parameters["properties"]["path"]["enum"] == ["a.md", "b.txt", "sub/c.py"]
     # more files than the limit, or the limit off: a free path, as before
     for tools in (file_tools(root, enum_limit=2), file_tools(root, enum_limit=0)):
         assert tools[0].parameters["properties"]["path"] == {"type": "string"}
     assert read({"path": "sub/c.py"}) == "x"
+
+
+def test_read_file_enum_skips_what_it_cannot_offer(tmp_path):
+    """A link loop, a link to a file inside, an undecodable name and long names: the tools still build."""
+    root = tmp_path / "work"
+    root.mkdir()
+    (root / "notes.txt").write_text("x")
+    os.symlink(root / "loop_a", root / "loop_b")
+    os.symlink(root / "loop_b", root / "loop_a")
+    os.symlink(root / "notes.txt", root / "alias.txt")  # inside the folder: offered
+    (root / os.fsdecode(b"bad\xff.txt")).write_text("y")
+    read = file_tools(root)[0]
+    assert read.parameters["properties"]["path"]["enum"] == ["alias.txt", "notes.txt"]
+    for i in range(12):
+        (root / f"{'long_name_' * 3}{i}.txt").write_text("z")  # 16 files or fewer, but too many characters
+    assert file_tools(root)[0].parameters["properties"]["path"] == {"type": "string"}
 
 def test_python_runs_isolated_without_network_and_with_timeout():
     out = run_python("import sys\nprint(sum(range(10)), sys.flags.isolated)")

@@ -82,6 +82,20 @@ def test_int8w_keeps_int8_weights_and_decodes_like_the_float_model():
         want = Decoder(model, tiny_tokenizer()).generate(prompt, params).token_ids
         assert Decoder(w8, tiny_tokenizer()).generate(prompt, params).token_ids == want
 
+
+def test_int8w_leaves_unaligned_layers_in_bf16_and_refuses_to_convert_twice():
+    """The fused kernel is only right for input sizes divisible by 16: other layers stay bf16 and stay right."""
+    model = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.Linear(32, 8))
+    w8 = as_variant(model, "int8w")
+    assert isinstance(w8[0], torch.nn.Linear) and isinstance(w8[1], Int8WeightLinear)
+    x = torch.randn(5, 24)
+    assert (w8(x.bfloat16()).float() - model(x)).abs().max() < 0.05 * model(x).abs().max()
+    with pytest.raises(ValueError, match="divisible by 16"):
+        Int8WeightLinear(torch.nn.Linear(24, 8))
+    for variant in ("fp32", "int8", "int8w"):
+        with pytest.raises(ValueError, match="already in int8w"):
+            as_variant(w8, variant)
+
 def test_int8_keeps_a_mixture_of_experts_router_in_float():
     model = tiny_model("block_causal", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
     int8 = as_variant(model, "int8")
@@ -97,8 +111,8 @@ def test_load_model_converts_in_place_and_refuses_unknown_precisions(model_dir):
     assert loaded.model.dtype == torch.float32  # activations, norms and keys stay float32
     assert load_model(str(model_dir), precision="fp32").model.dtype == torch.float32
     assert load_model(str(model_dir)).model.dtype == torch.bfloat16  # as saved
-    assert [precision_of(load_model(str(model_dir), precision=p).model) for p in ("int8", "fp32", None)] == [
-        "int8", "fp32", "bf16"]
+    assert [precision_of(load_model(str(model_dir), precision=p).model) for p in ("int8", "int8w", "fp32", None)] == [
+        "int8", "int8w", "fp32", "bf16"]
     with pytest.raises(ValueError, match="unknown precision"):
         load_model(str(model_dir), precision="int4")
 

@@ -144,31 +144,42 @@ PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "re
                "additionalProperties": False}
 
 
-# read_file offers the folder's files by name when there are at most this many: the server's constrained decoding
-# then cannot produce a path that does not exist (small models invent plausible names, session 17).
-ENUM_FILES_LIMIT = 32
+# read_file offers the folder's files by name when they are few and short: the server's constrained decoding then
+# cannot produce a path that does not exist (small models invent plausible names, session 17). The names go into
+# every step's prompt, hence the limit on their total length as well as their number.
+ENUM_FILES_LIMIT = 16
+ENUM_CHARS_LIMIT = 240
 
 
-def folder_files(root: Path, limit: int) -> list[str] | None:
-    """The non-hidden files inside ``root`` (relative POSIX paths, sorted; links leading outside it left out), or
-    None as soon as there are more than ``limit``."""
+def folder_files(root: Path, limit: int, max_chars: int = ENUM_CHARS_LIMIT) -> list[str] | None:
+    """The non-hidden files inside ``root`` (relative POSIX paths, sorted), or None as soon as there are more than
+    ``limit`` or their names add up to more than ``max_chars`` characters. Links leading outside ``root``, links
+    that cannot be resolved and names that are not valid UTF-8 are left out (read_file cannot be asked for them)."""
     base = root.resolve()
     found: list[str] = []
+    chars = 0
     for folder, dirs, files in os.walk(base):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(f for f in files if not f.startswith(".")):
             path = Path(folder) / name
-            if not path.resolve().is_relative_to(base) or not path.is_file():
+            try:
+                rel = path.relative_to(base).as_posix()
+                rel.encode("utf-8")
+                if not path.resolve().is_relative_to(base) or not path.is_file():
+                    continue
+            except (OSError, RuntimeError, UnicodeError):  # a link loop, no permission, undecodable name
                 continue
-            found.append(path.relative_to(base).as_posix())
-            if len(found) > limit:
+            found.append(rel)
+            chars += len(rel)
+            if len(found) > limit or chars > max_chars:
                 return None
     return sorted(found)
 
 
 def file_tools(root: str | Path, max_bytes: int = 100_000, enum_limit: int = ENUM_FILES_LIMIT) -> list[Tool]:
-    """read_file and list_files confined to ``root``. When the folder holds at most ``enum_limit`` files (0: never),
-    read_file's ``path`` is an enum of them, listed when the tools are built; larger folders get a free path."""
+    """read_file and list_files confined to ``root``. When the folder holds at most ``enum_limit`` files (0: never)
+    with short names (:func:`folder_files`), read_file's ``path`` is an enum of them, listed when the tools are
+    built; other folders get a free path."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: not a folder")

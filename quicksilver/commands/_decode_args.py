@@ -11,8 +11,8 @@ from quicksilver.variants import PRECISIONS
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
     p.add_argument("--precision", choices=PRECISIONS,
-                   help="run the model in bf16, fp32 or int8 (int8 linear layers, one scale per row; default: as "
-                        "saved)")
+                   help="run the model in bf16, fp32, int8 (int8 linear layers, one scale per row) or int8w (int8 "
+                        "weights, bf16 inputs: fastest for one-token AR steps); default: as saved")
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
