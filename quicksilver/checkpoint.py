@@ -21,6 +21,7 @@ from quicksilver.config import ConfigError, ModelConfig
 from quicksilver.model import Transformer
 from quicksilver.sampling import SamplingParams
 from quicksilver.tokenizer import Tokenizer, TokenizerError
+from quicksilver.variants import QUANTISED, precision_of
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -56,6 +57,8 @@ def save_pretrained(
     defaults: SamplingParams | None = None,
     dtype: torch.dtype = torch.bfloat16,
 ) -> Path:
+    if precision_of(model) in QUANTISED:  # its int8 buffers are not the float weights a folder holds
+        raise ValueError(f"cannot save a model converted to {precision_of(model)}; save the float model")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model.config

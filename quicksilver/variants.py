@@ -27,6 +27,7 @@ from quicksilver.model import MoE, Transformer
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8", "int8w")  # what a served model may run in
 VARIANTS: tuple[str, ...] = (*PRECISIONS, "compile")  # what the benchmark measures
+QUANTISED: tuple[str, ...] = ("int8", "int8w")  # serving-only conversions: never saved as a model folder
 
 
 def precision_of(model: Transformer) -> str:

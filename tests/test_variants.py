@@ -96,6 +96,16 @@ def test_int8w_leaves_unaligned_layers_in_bf16_and_refuses_to_convert_twice():
         with pytest.raises(ValueError, match="already in int8w"):
             as_variant(w8, variant)
 
+
+def test_a_quantised_model_is_not_saved_as_a_model_folder(tmp_path):
+    from quicksilver.checkpoint import save_pretrained
+
+    model = tiny_model("causal")
+    for variant in ("int8", "int8w"):
+        with pytest.raises(ValueError, match=f"converted to {variant}"):
+            save_pretrained(tmp_path / variant, as_variant(model, variant), tiny_tokenizer())
+        assert not (tmp_path / variant).exists()
+
 def test_int8_keeps_a_mixture_of_experts_router_in_float():
     model = tiny_model("block_causal", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
     int8 = as_variant(model, "int8")
