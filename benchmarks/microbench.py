@@ -45,7 +45,7 @@ def linear(hidden: int, inter: int, vocab: int) -> None:
     from torch.ao.quantization import quantize_dynamic
     from torch.utils import mkldnn
 
-    from quicksilver.variants import Int8Linear
+    from quicksilver.variants import Int8Linear, Int8WeightLinear
 
     for rows in (1, 32, 64, 1024):
         for k, n in ((hidden, inter), (inter, hidden), (hidden, vocab)):
@@ -54,17 +54,13 @@ def linear(hidden: int, inter: int, vocab: int) -> None:
             mk = mkldnn.to_mkldnn(copy.deepcopy(lin), torch.bfloat16)
             q8 = quantize_dynamic(torch.nn.Sequential(copy.deepcopy(lin)), {torch.nn.Linear}, dtype=torch.qint8)
             rows8 = Int8Linear(lin)  # what --precision int8 uses: one scale per input row
-            # weight-only int8 (bf16 inputs, one fused kernel): no activation quantisation to pay per call
-            w = lin.weight.detach()
-            w_scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-            w8 = (w / w_scale[:, None]).round().to(torch.int8).contiguous()
-            w_scale = w_scale.bfloat16()
+            weights8 = Int8WeightLinear(lin)  # --precision int8w: bf16 inputs, one fused kernel, nothing to quantise
             x = torch.randn(rows, k)
             xb = x.bfloat16()
             with torch.inference_mode():
                 r = timed({"fp32": lambda: lin(x), "bf16": lambda: lb(xb), "bf16_prepacked": lambda: mk(xb),
                            "int8_dynamic": lambda: q8(x), "int8_rows": lambda: rows8(x),
-                           "int8_weights_bf16": lambda: torch._weight_int8pack_mm(xb, w8, w_scale)}, 100)
+                           "int8_weights_bf16": lambda: weights8(xb)}, 100)
             print(f"rows {rows:5d} {k}x{n}: {r}")
 
 

@@ -10,7 +10,7 @@ default.
 
 int8w (:class:`Int8WeightLinear`) keeps only the weights in int8 (one scale per output row) and multiplies bf16 inputs
 by them in one fused kernel (``torch._weight_int8pack_mm``): no input quantisation to pay per call. For a single row
-(an AR model's decode step) a linear layer runs several times faster than in int8 or bf16 here; at a few dozen rows it
+(an AR model's decode step) a linear layer runs 2-3x faster than in int8 or bf16 here; at a few dozen rows it
 is slower than int8 (``python benchmarks/microbench.py linear``), which matters most in batched serving. So it suits
 the AR twin's single stream, not the block decoder. Layers whose input size is not a multiple of 16 stay bf16: the
 kernel is only right for those.
@@ -66,10 +66,17 @@ def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transform
         for name, child in list(module.named_children()):
             # a mixture-of-experts router stays float: it reads its weight directly, and its choices are discrete
             if isinstance(child, nn.Linear) and not (isinstance(module, MoE) and name == "gate"):
-                if quantised is Int8WeightLinear and child.in_features % INT8W_ALIGN:
+                if quantised is Int8WeightLinear and not Int8WeightLinear.supports(child):
                     continue  # the fused kernel is wrong for such shapes: this layer stays bf16
                 setattr(module, name, quantised(child))
     return float_model
+
+
+def quantise_weight_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` [out, in] as int8 with one float32 scale per output row (its largest magnitude maps to 127)."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
 class Int8Linear(nn.Module):
@@ -79,10 +86,8 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-        self.register_buffer("weight_t", (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).t()
-                             .contiguous())  # [in, out], the layout torch._int_mm multiplies by
+        weight, scale = quantise_weight_rows(linear.weight)
+        self.register_buffer("weight_t", weight.t().contiguous())  # [in, out], the layout torch._int_mm multiplies by
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
 
@@ -108,16 +113,18 @@ class Int8WeightLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
+        if not self.supports(linear):
+            raise ValueError(f"int8w needs an input size divisible by {INT8W_ALIGN}, not {linear.in_features}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-        if self.in_features % INT8W_ALIGN:
-            raise ValueError(f"int8w needs an input size divisible by {INT8W_ALIGN}, not {self.in_features}")
+        weight, scale = quantise_weight_rows(linear.weight)
         # not named "weight": a quantised layer must never pass for a float one in a saved state dict
-        self.register_buffer("weight_int8", (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
-                             .contiguous())
+        self.register_buffer("weight_int8", weight.contiguous())
         self.register_buffer("weight_scale", scale.to(torch.bfloat16))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+    @staticmethod
+    def supports(linear: nn.Linear) -> bool:
+        return linear.in_features % INT8W_ALIGN == 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)

@@ -53,7 +53,6 @@ def test_file_tools_stay_inside_the_folder(tmp_path):
     assert read({"path": "missing.txt"}).startswith("error: ")
 
 
-
 def test_read_file_offers_the_folders_files_as_an_enum(tmp_path):
     root = tmp_path / "work"
     (root / "sub").mkdir(parents=True)
@@ -86,6 +85,7 @@ def test_read_file_enum_skips_what_it_cannot_offer(tmp_path):
     for i in range(12):
         (root / f"{'long_name_' * 3}{i}.txt").write_text("z")  # 16 files or fewer, but too many characters
     assert file_tools(root)[0].parameters["properties"]["path"] == {"type": "string"}
+
 
 def test_python_runs_isolated_without_network_and_with_timeout():
     out = run_python("import sys\nprint(sum(range(10)), sys.flags.isolated)")

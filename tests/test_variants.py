@@ -59,7 +59,6 @@ def test_int8_rows_do_not_depend_on_the_rows_beside_them():
     assert [s.answer_ids for s in states] == alone
 
 
-
 def test_int8w_keeps_int8_weights_and_decodes_like_the_float_model():
     """Weight-only int8 for the AR twin's one-row steps: every linear layer replaced, the rest bf16, a row's output
     independent of the rows beside it, and a confident causal model's greedy answers unchanged."""
@@ -105,6 +104,7 @@ def test_a_quantised_model_is_not_saved_as_a_model_folder(tmp_path):
         with pytest.raises(ValueError, match=f"converted to {variant}"):
             save_pretrained(tmp_path / variant, as_variant(model, variant), tiny_tokenizer())
         assert not (tmp_path / variant).exists()
+
 
 def test_int8_keeps_a_mixture_of_experts_router_in_float():
     model = tiny_model("block_causal", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)

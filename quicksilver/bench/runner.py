@@ -200,7 +200,8 @@ def run_bench(opts: BenchOptions) -> dict:
         if ld is None:
             continue
         head = _float_variant(fwd, kind)
-        for v in dict.fromkeys([head, *(v for v in opts.variants if kind == "ar" or v not in ONE_ROW_VARIANTS)]):
+        extra = [x for x in opts.variants if kind == "ar" or x not in ONE_ROW_VARIANTS]
+        for v in dict.fromkeys([head, *extra]):
             dec = Decoder(as_variant(ld.model, v), ld.tokenizer, ld.defaults)
             decoders[(kind, v)] = dec
             configs.append((kind, v, ld.name, ld, Config(f"{ld.name} [{v}]", dec, _base_params(ld, opts),
