@@ -314,6 +314,10 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from quicksilver.bench.runner import targets
 from quicksilver.bench.workload import Record, percentile, summarise
@@ -57,6 +58,13 @@ def test_bench_bad_flags_are_one_line_errors(capsys):
     assert "unknown variant" in err and "Traceback" not in err
     assert main(["bench", "--tasks", "nonsense", "--quick"]) == 2
     assert "unknown task" in capsys.readouterr().err
+    assert main(["bench", "--device", "tpu0", "--quick"]) == 2
+    assert "--device" in capsys.readouterr().err
+    assert main(["bench", "--device", "meta", "--quick"]) == 2
+    assert "only cpu and cuda" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["bench", "--device", "cuda", "--quick"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
 
 
 def _rec(tokens, forwards, latency, correct=True, ttft=0.1, task="t"):

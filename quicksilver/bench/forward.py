@@ -29,10 +29,11 @@ class ForwardCase:
 def _step_fn(case: ForwardCase, prefix: int):
     """A closure that runs one cached decode-step forward + the logits the step needs."""
     model, cfg = case.model, case.model.config
+    device = model.device
     g = torch.Generator().manual_seed(0)
     total = prefix + case.rows
-    ids = torch.randint(0, cfg.vocab_size, (1, total), generator=g)
-    pos = torch.arange(total).unsqueeze(0)
+    ids = torch.randint(0, cfg.vocab_size, (1, total), generator=g).to(device)
+    pos = torch.arange(total, device=device).unsqueeze(0)
     with torch.inference_mode():
         _, kv = model(ids[:, :prefix], pos[:, :prefix])  # the cached prefix
     q = pos[:, prefix:]
@@ -44,6 +45,8 @@ def _step_fn(case: ForwardCase, prefix: int):
         with torch.inference_mode():
             hidden, _ = model(step_ids, q, mask, kv)
             model.logits(hidden[0, : case.logit_rows])
+        if device.type == "cuda":  # kernels run asynchronously: time them to the end
+            torch.cuda.synchronize(device)
 
     return run
 

@@ -52,7 +52,13 @@ class BenchOptions:
     # speed-only mode for weights that cannot answer yet (random or barely trained): every request decodes its
     # whole budget (EOS ignored) and the diffusion model commits exactly this many tokens per forward
     fixed_tpf: int | None = None
+    device: str = "cpu"  # where the models run (the decode loop's bookkeeping stays on the CPU)
     out_dir: Path = Path("benchmarks")
+
+
+def _device_name(device: str) -> str:
+    d = torch.device(device)
+    return torch.cuda.get_device_name(d) if d.type == "cuda" else "cpu"
 
 
 def _log(msg: str) -> None:
@@ -159,13 +165,22 @@ def run_bench(opts: BenchOptions) -> dict:
     t_start = time.perf_counter()
     diff_loaded = load_model(opts.model)
     ar_loaded = load_model(opts.ar_model) if opts.ar_model else None
+    on_cpu = torch.device(opts.device).type == "cpu"
+    if torch.device(opts.device).type == "cuda":
+        # cuDNN's attention builds a plan per new shape (~0.1 s each); decode steps bring new shapes all the time
+        # (prompt lengths, packed batches), so the block masks go to the memory-efficient kernel instead
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    for ld in (diff_loaded, ar_loaded):
+        if ld is not None:
+            ld.model.to(opts.device)
     bases = {"diffusion": diff_loaded.model}
     if ar_loaded is not None:
         bases["ar"] = ar_loaded.model
     results: dict = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "torch": torch.__version__, "cpu_threads_available": torch.get_num_threads()},
+                    "torch": torch.__version__, "cpu_threads_available": torch.get_num_threads(),
+                    "device": _device_name(opts.device)},
         "options": {k: str(v) for k, v in vars(opts).items()},
         "models_loaded": {k: {"name": ld.name, "attention_mode": ld.model.config.attention_mode,
                               "parameters": ld.model.num_parameters()}
@@ -174,8 +189,8 @@ def run_bench(opts: BenchOptions) -> dict:
 
     # 1. forward latency: first which thread count is fastest here (on a shared 2-core machine, 2 threads can be
     # many times slower than 1), then which dtype per model at that thread count
-    if opts.threads:
-        chosen_threads = opts.threads
+    if opts.threads or not on_cpu:  # off the CPU, threads only run the Python loop: leave torch's setting
+        chosen_threads = opts.threads or torch.get_num_threads()
     else:
         _log("forward latency: threads 1 vs 2 (diffusion, bf16)")
         probe = forward_latency({"diffusion": diff_loaded.model}, ["bf16"], [1, 2], reps=max(3, opts.forward_reps // 4))

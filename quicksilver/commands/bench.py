@@ -16,6 +16,21 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _device(name: str):
+    """A usable torch device, or a one-line error."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"--device: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA device on this machine")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark a diffusion model against its AR twin (table, JSON, plots)")
     p.add_argument("--model", help="diffusion model (default: the shipped default model)")
@@ -27,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "int8w,compile (default int8,int8w; int8w for the AR model only; 'none' for no extra rows; "
                         "compile recompiles per new graph, slow)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: the faster of 1 and 2, measured)")
+    p.add_argument("--device", default="cpu",
+                   help="where the models run: cpu (default) or an accelerator such as cuda; the decode loop's "
+                        "bookkeeping stays on the CPU. Off the CPU only bf16/fp32 rows are measured")
     p.add_argument("--concurrency", type=_int_list, help="concurrency levels (default 1,4,16,32; --quick 1,4)")
     p.add_argument("--requests-per-level", type=int,
                    help="requests served per concurrency level, at least one per client (default 16)")
@@ -59,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--speed-only must be >= 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
+    device = _device(args.device)
+    if device.type != "cpu":
+        # int8 rows use CPU-only kernels (torch._int_mm on rows, _weight_int8pack_mm); the default list is dropped
+        cpu_only = [v for v in variants if v not in ("bf16", "fp32")]
+        if cpu_only and args.variants != "int8,int8w":
+            raise ValueError(f"variant(s) {cpu_only} run on the CPU only; use --variants none with --device")
+        variants = [v for v in variants if v not in cpu_only]
     quick = args.quick
     opts = BenchOptions(
         model=args.model,
@@ -76,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         forward_reps=3 if quick else 20,
         quick=quick,
         fixed_tpf=args.speed_only,
+        device=str(device),
         out_dir=Path(args.out_dir),
     )
     if opts.tasks:

@@ -175,7 +175,8 @@ class DecodeState:
         self.policy: UnmaskPolicy = make_unmask_policy(params)
         self.correction = SelfCorrection.from_params(params, self.block)
         self.cache = (
-            KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, decoder.model.dtype)
+            KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, decoder.model.dtype,
+                    device=decoder.model.device)
             if self.cache_mode else None
         )
         self.stats = DecodeStats()
@@ -519,7 +520,10 @@ class Decoder:
         # ONE forward for every state, inputs packed without padding (an admitted prompt's prefill rides along
         # with the one-block decode steps of the others), then ONE vocabulary projection for all wanted rows
         hidden, new_kvs = self._forward_packed(plans)
-        logits_per_state = self.model.logits(hidden).split([p.logit_rows.numel() for p in plans])
+        # the loop's bookkeeping (canvas, policies, constraints) stays on the CPU: on an accelerator only the
+        # forward runs there, and the wanted rows' logits come back once per step
+        logits = self.model.logits(hidden).cpu()
+        logits_per_state = logits.split([p.logit_rows.numel() for p in plans])
         for st, plan, new_kv, logits in zip(live, plans, new_kvs, logits_per_state, strict=True):
             if plan.store is not None:
                 row, pos, n = plan.store
@@ -548,17 +552,17 @@ class Decoder:
         """One forward for all plans, their inputs packed row after row (no padding): see
         :meth:`Transformer.forward_packed`. Returns the hidden states of every plan's logit rows (plan after
         plan) and per plan the per-layer new (k, v) of its inputs."""
-        cfg = self.model.config
+        cfg, device = self.model.config, self.model.device
         masks: list[torch.Tensor | None] = []
         for p in plans:
             keys = torch.cat([p.past_positions, p.positions])
             m = p.mask if p.mask is not None else config_mask(cfg, p.positions, keys)
             # a query block that sees every key (the usual decode step) needs no mask: the fused kernel skips it
-            masks.append(None if m is None or bool(m.all()) else m[None, None])
+            masks.append(None if m is None or bool(m.all()) else m[None, None].to(device))
         return self.model.forward_packed(
-            torch.cat([p.input_ids for p in plans]), torch.cat([p.positions for p in plans]),
+            torch.cat([p.input_ids for p in plans]).to(device), torch.cat([p.positions for p in plans]).to(device),
             [p.input_ids.numel() for p in plans], masks, [p.past for p in plans],
-            output_rows=[p.logit_rows for p in plans],
+            output_rows=[p.logit_rows.to(device) for p in plans],
         )
 
     def run(self, state: DecodeState, on_step: Callable[[DecodeState], None] | None = None) -> GenerationResult:

@@ -18,13 +18,25 @@ from quicksilver.model import KV
 
 
 class KVCache:
-    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = 256):
+    def __init__(
+        self,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        capacity: int = 256,
+        device: torch.device | str | None = None,  # the model's device (None: the CPU)
+    ):
         self.num_layers = num_layers
         self.shape = (kv_heads, head_dim)
         self.dtype = dtype
+        self.device = torch.device(device or "cpu")
         self.length = 0
-        self._k = [torch.empty(1, kv_heads, capacity, head_dim, dtype=dtype) for _ in range(num_layers)]
-        self._v = [torch.empty(1, kv_heads, capacity, head_dim, dtype=dtype) for _ in range(num_layers)]
+        self._k = [self._empty(capacity) for _ in range(num_layers)]
+        self._v = [self._empty(capacity) for _ in range(num_layers)]
+
+    def _empty(self, capacity: int) -> torch.Tensor:
+        return torch.empty(1, self.shape[0], capacity, self.shape[1], dtype=self.dtype, device=self.device)
 
     @property
     def capacity(self) -> int:
@@ -36,7 +48,7 @@ class KVCache:
             cap *= 2
         for i in range(self.num_layers):
             for buf in (self._k, self._v):
-                new = torch.empty(1, *self.shape[:1], cap, self.shape[1], dtype=self.dtype)
+                new = self._empty(cap)
                 new[:, :, : self.length] = buf[i][:, :, : self.length]
                 buf[i] = new
 
