@@ -7,7 +7,8 @@ machine's load (shared cores) hits every alternative alike. Shapes are those of 
   linear      F.linear bf16 / fp32, oneDNN-prepacked bf16, int8 dynamic (torch.ao), int8 rows (--precision
               int8) and weight-only int8 with bf16 inputs, for 1 / 32 / 64 / 1024 rows
   fused       separate q,k,v and gate,up projections vs one concatenated matmul
-  attention   SDPA with an all-true mask vs no mask (what a cached steady-state step could pass)
+  attention   SDPA with an all-true mask vs no mask (what a cached steady-state step could pass), and grouped-
+              query attention vs the query heads folded into rows (quicksilver.model.attention) per row count
   compile     torch.compile(freezing) of the whole block forward vs eager, plus its compile time
   profile     torch profiler table of one block forward (--variant bf16|fp32|int8|int8w): where the time goes
   backends    SDPA default (flash) kernel vs the math kernel the engine forces for batch invariance
@@ -87,6 +88,16 @@ def attention(heads: int, kv: int, head_dim: int) -> None:
         print(f"T {t} S {s}", timed({
             "all-true mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
             "no mask": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)}))
+    group = heads // kv
+    for t in (1, 2, 4, 8, 16, 32, 64):
+        s = 200 + t
+        q = torch.randn(1, t, heads, head_dim, dtype=torch.bfloat16).transpose(1, 2)  # as the model lays it out
+        k = torch.randn(1, kv, s, head_dim, dtype=torch.bfloat16)
+        v = torch.randn(1, kv, s, head_dim, dtype=torch.bfloat16)
+        print(f"T {t} S {s}", timed({
+            "grouped (enable_gqa)": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+            "folded rows": lambda: F.scaled_dot_product_attention(
+                q.reshape(1, kv, group * t, head_dim), k, v).view(1, heads, t, head_dim)}))
 
 
 def compiled(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int) -> None:
