@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from quicksilver.checkpoint import CheckpointError, LoadedModel, load_pretrained
+from quicksilver.devices import place_model, resolve_device
 from quicksilver.variants import PRECISIONS, as_variant
 
 MODELS_DIR = Path(__file__).parent / "models"
@@ -42,12 +43,17 @@ def resolve_model_path(name_or_path: str | None) -> Path:
 
 
 def load_model(
-    name_or_path: str | None = None, dtype: torch.dtype | None = None, precision: str | None = None
+    name_or_path: str | None = None,
+    dtype: torch.dtype | None = None,
+    precision: str | None = None,
+    device: str | torch.device | None = None,
 ) -> LoadedModel:
     """Load our layout directly; hand other Hugging Face folders to the matching family adapter. ``precision``
-    ("bf16", "fp32", "int8" or "int8w": :mod:`quicksilver.variants`) converts the loaded weights in place."""
+    ("bf16", "fp32", "int8" or "int8w": :mod:`quicksilver.variants`) converts the loaded weights in place;
+    ``device`` ("cpu", the default, or "cuda"; :mod:`quicksilver.devices`) is where the model runs."""
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
+    resolve_device(device)  # a bad device fails before the weights load
     folder = resolve_model_path(name_or_path)
     cfg_path = folder / "config.json"
     model_type = None
@@ -66,4 +72,6 @@ def load_model(
         loaded.name = folder.name
     if precision is not None:
         loaded.model = as_variant(loaded.model, precision, copy=False)
+    if device is not None:
+        place_model(loaded.model, device)
     return loaded

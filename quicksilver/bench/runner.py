@@ -25,6 +25,7 @@ from quicksilver.bench.workload import Config, run_interleaved, suite_prompts, s
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.decoding import Decoder
 from quicksilver.decoding.speculative import can_verify
+from quicksilver.devices import place_model
 from quicksilver.variants import as_variant
 
 # variants measured for the AR model only: they pay off in one-row decode steps and are slower than int8 at the
@@ -166,13 +167,9 @@ def run_bench(opts: BenchOptions) -> dict:
     diff_loaded = load_model(opts.model)
     ar_loaded = load_model(opts.ar_model) if opts.ar_model else None
     on_cpu = torch.device(opts.device).type == "cpu"
-    if torch.device(opts.device).type == "cuda":
-        # cuDNN's attention builds a plan per new shape (~0.1 s each); decode steps bring new shapes all the time
-        # (prompt lengths, packed batches), so the block masks go to the memory-efficient kernel instead
-        torch.backends.cuda.enable_cudnn_sdp(False)
     for ld in (diff_loaded, ar_loaded):
         if ld is not None:
-            ld.model.to(opts.device)
+            place_model(ld.model, opts.device)
     bases = {"diffusion": diff_loaded.model}
     if ar_loaded is not None:
         bases["ar"] = ar_loaded.model

@@ -13,6 +13,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=PRECISIONS,
                    help="run the model in bf16, fp32, int8 (int8 linear layers, one scale per row) or int8w (int8 "
                         "weights, bf16 inputs: fastest for one-token AR steps); default: as saved")
+    p.add_argument("--device", help="where the model runs: cpu (default) or cuda[:N]; int8 precisions are CPU-only")
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:

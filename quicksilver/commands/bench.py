@@ -16,21 +16,6 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _device(name: str):
-    """A usable torch device, or a one-line error."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"--device: {exc}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: torch sees no CUDA device on this machine")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name}: only cpu and cuda are supported")
-    return device
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark a diffusion model against its AR twin (table, JSON, plots)")
     p.add_argument("--model", help="diffusion model (default: the shipped default model)")
@@ -77,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--speed-only must be >= 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
-    device = _device(args.device)
+    from quicksilver.devices import resolve_device
+
+    device = resolve_device(args.device)
     if device.type != "cpu":
         # int8 rows use CPU-only kernels (torch._int_mm on rows, _weight_int8pack_mm); the default list is dropped
         cpu_only = [v for v in variants if v not in ("bf16", "fp32")]

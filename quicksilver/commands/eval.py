@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tool-choice needs --constrained")
     tool_choice = args.tool_choice or "auto"
     mode = f"constrained (as the API serves it; tools with tool_choice={tool_choice})" if args.constrained else "free"
-    loaded = load_model(args.model, precision=args.precision)
+    loaded = load_model(args.model, precision=args.precision, device=args.device)
     changes = {k: v for k, v in (("policy", args.policy), ("threshold", args.threshold),
                                  ("block_size", args.block_size),
                                  ("accept_ratio", args.accept_ratio)) if v is not None}

@@ -61,11 +61,12 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     worker = model_thread()  # the engine's model thread loads the weights too: one thread runs all torch work
-    loaded = worker.submit(load_model, args.model, None, args.precision).result()
+    loaded = worker.submit(load_model, args.model, None, args.precision, args.device).result()
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
                      served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue,
                      prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk, worker=worker)
-    print(f"quicksilver serve: model {loaded.name!r} ({precision_of(loaded.model)}; "
+    where = "" if loaded.model.device.type == "cpu" else f" on {loaded.model.device}"
+    print(f"quicksilver serve: model {loaded.name!r} ({precision_of(loaded.model)}{where}; "
           f"prefix cache {args.prefix_cache_mb:g} MB, prefill chunk {args.prefill_chunk or 'off'}) "
           f"on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
