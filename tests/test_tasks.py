@@ -98,6 +98,8 @@ def _corruptions(ex: Example) -> list[str]:
                    "run_python": "print(-1)"}[name]
         wrong_args = {next(iter(args)): changed}
         partial = []  # a search that names only part of the entity ("Lighthouse" for "Kesbel Point Lighthouse")
+        if name == "calculator":  # the right value written out, not computed from the task's operands
+            partial = [TOOL_CALLS + json.dumps([{"name": name, "arguments": {"expression": ans["value"]}}])]
         if name == "search_documents" and len(value.split()) > 2:
             partial = [TOOL_CALLS + json.dumps([{"name": name, "arguments": {"query": " ".join(value.split()[1:])}}])]
         return partial + [

@@ -17,6 +17,7 @@ import json
 import math
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,14 +286,22 @@ class AgentStep(Task):
         return same_call(calls[0], example.answer["call"], example.answer["value"])
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
 def same_call(call: dict[str, Any], reference: dict[str, Any], observation: str) -> bool:
     """Does ``call`` do what ``reference`` does? Arguments are compared by meaning where text may differ."""
     name, args, want = call.get("name"), call["arguments"], reference["arguments"]
     if name != reference["name"]:
         return False
     if name == "calculator":
+        # the same value from the task's own operands: a call that only writes the result (or a number it made
+        # up) does not use the tool
         expression = args.get("expression")
-        return isinstance(expression, str) and calculate(expression) == observation
+        if not isinstance(expression, str) or calculate(expression) != observation:
+            return False
+        used = Counter(_NUMBER.findall(expression))
+        return all(used[n] >= k for n, k in Counter(_NUMBER.findall(want["expression"])).items())
     if name == "search_documents":
         # the query must name the entity: every capitalised word of the reference query (its proper name)
         query = args.get("query")
