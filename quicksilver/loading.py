@@ -9,7 +9,7 @@ import torch
 
 from quicksilver.checkpoint import CheckpointError, LoadedModel, load_pretrained
 from quicksilver.devices import place_model, resolve_device
-from quicksilver.variants import PRECISIONS, as_variant
+from quicksilver.variants import PRECISIONS, QUANTISED, as_variant
 
 MODELS_DIR = Path(__file__).parent / "models"
 DEFAULT_MODEL = "default"
@@ -53,7 +53,8 @@ def load_model(
     ``device`` ("cpu", the default, or "cuda"; :mod:`quicksilver.devices`) is where the model runs."""
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
-    resolve_device(device)  # a bad device fails before the weights load
+    if resolve_device(device).type != "cpu" and precision in QUANTISED:  # fail before the weights load
+        raise ValueError(f"precision {precision} runs on the CPU only; use bf16 or fp32 on {device}")
     folder = resolve_model_path(name_or_path)
     cfg_path = folder / "config.json"
     model_type = None

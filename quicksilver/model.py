@@ -256,11 +256,11 @@ class MoE(nn.Module):
     def _limit_to_groups(self, choose: torch.Tensor) -> torch.Tensor:
         """Keep only the experts of each token's ``topk_group`` best groups (others get -inf)."""
         n = choose.shape[0]
-        grouped = choose.view(n, self.n_group, -1)
+        grouped = choose.view(n, self.n_group, choose.shape[-1] // self.n_group)  # n may be 0 (no output rows)
         group_score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
         best = group_score.topk(self.topk_group, dim=-1).indices
         keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
-        return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(n, -1)
+        return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(n, choose.shape[-1])
 
 
 class Block(nn.Module):

@@ -40,3 +40,18 @@ def test_commands_reject_a_bad_device_in_one_line(command, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "device 'tpu0'" in err and "Traceback" not in err
+
+
+def test_int8_off_the_cpu_is_refused_before_the_weights_load(monkeypatch):
+    from quicksilver import loading
+
+    monkeypatch.setattr(loading, "resolve_device", lambda name: torch.device("meta"))
+    monkeypatch.setattr(loading, "load_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(ValueError, match="CPU only"):
+        loading.load_model(None, precision="int8", device="cuda")
+
+
+def test_bench_on_a_device_refuses_cpu_only_variants_even_when_named_as_the_default(monkeypatch, capsys):
+    monkeypatch.setattr(devices, "resolve_device", lambda name: torch.device("meta"))
+    assert main(["bench", "--device", "cuda", "--variants", "int8,int8w", "--quick"]) == 2
+    assert "CPU only" in capsys.readouterr().err

@@ -391,3 +391,14 @@ def test_tokenizer_from_vocab_and_merges_matches_the_original(fp32_models):
     text = "<|im_start|>user\nJanet's ducks lay 16 eggs!  Don't they?\n<|im_end|>\n<|mask|><|mask|>"
     assert ours.encode(text) == original.encode(text, add_special_tokens=False).ids
     assert ours.decode(ours.encode("Hello world, 42 ducks."), skip_special_tokens=True) == "Hello world, 42 ducks."
+
+
+def test_llada2_serves_with_chunked_prefill(fp32_models):
+    """A prefill-only forward computes no output rows in the last layer: the group-limited router must take zero
+    rows (it used to fail to reshape them)."""
+    loaded = fp32_models["llada2"]
+    prompt = list(range(5, 80))
+    whole = Decoder(loaded.model, loaded.tokenizer, loaded.defaults.replace(max_tokens=12)).generate(prompt)
+    for chunk in (4, 32):
+        chunked = Decoder(loaded.model, loaded.tokenizer, loaded.defaults.replace(max_tokens=12), None, chunk)
+        assert chunked.generate(prompt).token_ids == whole.token_ids

@@ -22,10 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ar-model", default="ar-twin", help="autoregressive twin ('none' to skip; default ar-twin)")
     p.add_argument("--tasks", help="comma-separated task names (default: the whole suite)")
     p.add_argument("--per-task", type=int, help="held-out prompts per task (default 2; --quick 1)")
-    p.add_argument("--variants", default="int8,int8w",
+    p.add_argument("--variants", default=None,
                    help="extra rows per model besides its fastest of bf16/fp32: comma-separated from bf16,fp32,int8,"
                         "int8w,compile (default int8,int8w; int8w for the AR model only; 'none' for no extra rows; "
-                        "compile recompiles per new graph, slow)")
+                        "compile recompiles per new graph, slow; off the CPU only bf16 and fp32 apply, default "
+                        "none)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: the faster of 1 and 2, measured)")
     p.add_argument("--device", default="cpu",
                    help="where the models run: cpu (default) or an accelerator such as cuda; the decode loop's "
@@ -52,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
     from quicksilver.bench.report import print_tables
     from quicksilver.variants import VARIANTS
 
-    variants = [v.strip() for v in args.variants.split(",") if v.strip() and v.strip().lower() != "none"]
+    given = args.variants is not None
+    spec = args.variants if given else ("none" if args.device not in (None, "cpu") else "int8,int8w")
+    variants = [v.strip() for v in spec.split(",") if v.strip() and v.strip().lower() != "none"]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         raise ValueError(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
@@ -68,9 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if device.type != "cpu":
         # int8 rows use CPU-only kernels (torch._int_mm on rows, _weight_int8pack_mm); the default list is dropped
         cpu_only = [v for v in variants if v not in ("bf16", "fp32")]
-        if cpu_only and args.variants != "int8,int8w":
+        if cpu_only:
             raise ValueError(f"variant(s) {cpu_only} run on the CPU only; use --variants none with --device")
-        variants = [v for v in variants if v not in cpu_only]
     quick = args.quick
     opts = BenchOptions(
         model=args.model,
