@@ -8,7 +8,7 @@ machine's load (shared cores) hits every alternative alike. Shapes are those of 
               int8) and weight-only int8 with bf16 inputs, for 1 / 32 / 64 / 1024 rows
   fused       separate q,k,v and gate,up projections vs one concatenated matmul
   attention   SDPA with an all-true mask vs no mask (what a cached steady-state step could pass), and grouped-
-              query attention vs the query heads folded into rows (quicksilver.model.attention) per row count
+              query attention vs the query heads folded into rows per row count (tried, reverted: docs section 9)
   compile     torch.compile(freezing) of the whole block forward vs eager, plus its compile time
   profile     torch profiler table of one block forward (--variant bf16|fp32|int8|int8w): where the time goes
   backends    SDPA default (flash) kernel vs the math kernel the engine forces for batch invariance

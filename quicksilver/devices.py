@@ -32,14 +32,18 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     return device
 
 
+def check_precision(precision: str | None, device: torch.device) -> None:
+    """One-line ValueError unless a model in ``precision`` can run on ``device``."""
+    if device.type != "cpu" and precision in QUANTISED:  # torch._int_mm on rows, _weight_int8pack_mm: CPU kernels
+        raise ValueError(f"precision {precision} runs on the CPU only; use bf16 or fp32 on {device}")
+
+
 def place_model(model: Transformer, device: str | torch.device | None) -> Transformer:
     """Move ``model`` to ``device`` (in place; returns it)."""
     device = resolve_device(device)
     if device.type == "cpu":
         return model.to(device)
-    precision = precision_of(model)
-    if precision in QUANTISED:  # torch._int_mm on rows and _weight_int8pack_mm are CPU kernels here
-        raise ValueError(f"precision {precision} runs on the CPU only; use bf16 or fp32 on {device}")
+    check_precision(precision_of(model), device)
     # cuDNN's attention builds a plan per new shape (about 0.1 s each on an H200, docs/performance.md section 10),
     # and decode steps bring new shapes all the time (prompt lengths, packed batches): use the other kernels
     torch.backends.cuda.enable_cudnn_sdp(False)

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from quicksilver.checkpoint import CheckpointError, LoadedModel, load_pretrained
-from quicksilver.devices import place_model, resolve_device
-from quicksilver.variants import PRECISIONS, QUANTISED, as_variant
+from quicksilver.devices import check_precision, place_model, resolve_device
+from quicksilver.variants import PRECISIONS, as_variant
 
 MODELS_DIR = Path(__file__).parent / "models"
 DEFAULT_MODEL = "default"
@@ -53,8 +53,7 @@ def load_model(
     ``device`` ("cpu", the default, or "cuda"; :mod:`quicksilver.devices`) is where the model runs."""
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
-    if resolve_device(device).type != "cpu" and precision in QUANTISED:  # fail before the weights load
-        raise ValueError(f"precision {precision} runs on the CPU only; use bf16 or fp32 on {device}")
+    check_precision(precision, resolve_device(device))  # a bad device or pairing fails before the weights load
     folder = resolve_model_path(name_or_path)
     cfg_path = folder / "config.json"
     model_type = None

@@ -51,10 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from quicksilver.bench import BenchOptions, run_bench
     from quicksilver.bench.report import print_tables
+    from quicksilver.devices import resolve_device
     from quicksilver.variants import VARIANTS
 
-    given = args.variants is not None
-    spec = args.variants if given else ("none" if args.device not in (None, "cpu") else "int8,int8w")
+    device = resolve_device(args.device)
+    spec = args.variants if args.variants is not None else ("int8,int8w" if device.type == "cpu" else "none")
     variants = [v.strip() for v in spec.split(",") if v.strip() and v.strip().lower() != "none"]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
@@ -65,11 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--speed-only must be >= 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
-    from quicksilver.devices import resolve_device
-
-    device = resolve_device(args.device)
     if device.type != "cpu":
-        # int8 rows use CPU-only kernels (torch._int_mm on rows, _weight_int8pack_mm); the default list is dropped
+        # int8 rows use CPU-only kernels (torch._int_mm on rows, _weight_int8pack_mm); compile is untried there
         cpu_only = [v for v in variants if v not in ("bf16", "fp32")]
         if cpu_only:
             raise ValueError(f"variant(s) {cpu_only} run on the CPU only; use --variants none with --device")
