@@ -9,7 +9,7 @@ import torch
 
 from quicksilver.checkpoint import CheckpointError, LoadedModel, load_pretrained
 from quicksilver.devices import check_precision, place_model, resolve_device
-from quicksilver.variants import PRECISIONS, as_variant
+from quicksilver.variants import PRECISIONS, as_variant, compile_layers
 
 MODELS_DIR = Path(__file__).parent / "models"
 DEFAULT_MODEL = "default"
@@ -47,13 +47,18 @@ def load_model(
     dtype: torch.dtype | None = None,
     precision: str | None = None,
     device: str | torch.device | None = None,
+    compile: bool = False,
 ) -> LoadedModel:
     """Load our layout directly; hand other Hugging Face folders to the matching family adapter. ``precision``
     ("bf16", "fp32", "int8" or "int8w": :mod:`quicksilver.variants`) converts the loaded weights in place;
-    ``device`` ("cpu", the default, or "cuda"; :mod:`quicksilver.devices`) is where the model runs."""
+    ``device`` ("cpu", the default, or "cuda"; :mod:`quicksilver.devices`) is where the model runs; ``compile``
+    compiles its layers for decoding (:func:`quicksilver.variants.compile_layers`, CPU only), graphs built now."""
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
-    check_precision(precision, resolve_device(device))  # a bad device or pairing fails before the weights load
+    resolved = resolve_device(device)
+    check_precision(precision, resolved)  # a bad device or pairing fails before the weights load
+    if compile and resolved.type != "cpu":
+        raise ValueError(f"--compile is measured on the CPU only; leave it off on {resolved}")
     folder = resolve_model_path(name_or_path)
     cfg_path = folder / "config.json"
     model_type = None
@@ -74,4 +79,6 @@ def load_model(
         loaded.model = as_variant(loaded.model, precision, copy=False)
     if device is not None:
         place_model(loaded.model, device)
+    if compile:
+        compile_layers(loaded.model)
     return loaded

@@ -136,38 +136,35 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
         return self.o_proj(y), new_kv
 
-    def forward_packed(
+    def project_packed(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sel: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values [1, heads, rows, D] of packed rows ``x`` [1, N, d], rotated. Keys and values
+        cover every row; queries only rows ``sel`` when it is given (the last layer needs no other outputs)."""
+        _, n, _ = x.shape
+        k = self.k_proj(x).view(1, n, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(1, n, self.n_kv, self.head_dim)
+        xq, cq, sq = (x, cos, sin) if sel is None else (x[:, sel], cos[:, :, sel], sin[:, :, sel])
+        q = self.q_proj(xq).view(1, xq.shape[1], self.n_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q.transpose(1, 2), cq, sq), apply_rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
+
+    def attend_packed(
         self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         lengths: list[int],
         masks: list[torch.Tensor | None],
         pasts: list[KV | None],
         query_rows: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[KV]]:
-        """Several sequences packed along the rows of ``x`` [1, N, d]: projections run once over all N rows,
-        attention runs per sequence over its own keys (no padding), so each sequence sees exactly the shapes
-        it would see alone. Returns the packed output and each sequence's new (k, v) [1, H, T_i, D].
-
-        ``query_rows`` (per sequence, its row indices) computes the output only for those rows (keys and
-        values still come from every row): the last layer needs no output for rows nobody reads."""
-        _, n, _ = x.shape
-        k = self.k_proj(x).view(1, n, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(1, n, self.n_kv, self.head_dim)
-        if query_rows is None:
-            q_lengths, xq, cq, sq = lengths, x, cos, sin
-        else:
-            q_lengths = [int(r.numel()) for r in query_rows]
-            sel = _global_rows(query_rows, lengths)
-            xq, cq, sq = x[:, sel], cos[:, :, sel], sin[:, :, sel]
-        nq = xq.shape[1]
-        q = self.q_proj(xq).view(1, nq, self.n_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cq, sq)
-        k = apply_rope(k.transpose(1, 2), cos, sin)
-        v = v.transpose(1, 2)
+        """Attention of several sequences packed along the rows (from :meth:`project_packed`), each over its own
+        keys (its past, then its own rows), so each sequence sees exactly the shapes it would see alone.
+        Returns the heads' outputs [1, rows with queries, heads x D] (before ``o_proj``) and each sequence's
+        new (k, v) [1, H, T_i, D]."""
+        q_lengths = lengths if query_rows is None else [int(r.numel()) for r in query_rows]
         outs: list[torch.Tensor] = []
         new_kvs: list[KV] = []
         start = q_start = 0
@@ -187,10 +184,9 @@ class Attention(nn.Module):
                 q[:, :, q_rows], ki, vi, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
             ))
         if not outs:
-            return x.new_zeros(1, 0, x.shape[-1]), new_kvs
+            return q.new_zeros(1, 0, self.n_heads * self.head_dim), new_kvs
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-        y = y.transpose(1, 2).reshape(1, nq, self.n_heads * self.head_dim)
-        return self.o_proj(y), new_kvs
+        return y.transpose(1, 2).reshape(1, q_start, self.n_heads * self.head_dim), new_kvs
 
 
 def _global_rows(query_rows: list[torch.Tensor], lengths: list[int]) -> torch.Tensor:
@@ -279,14 +275,25 @@ class Block(nn.Module):
         return x, new_kv
 
     def forward_packed(self, x, cos, sin, lengths, masks, pasts, query_rows=None):
-        h, new_kvs = self.self_attn.forward_packed(
-            self.input_layernorm(x), cos, sin, lengths, masks, pasts, query_rows
-        )
-        if query_rows is not None:
-            x = x[:, _global_rows(query_rows, lengths)]
-        x = x + h
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, new_kvs
+        """The layer over several sequences packed along the rows of ``x`` [1, N, d] (see
+        :meth:`Transformer.forward_packed`). Everything but attention runs once over all rows, in the two
+        tensor-only steps :meth:`attention_inputs` and :meth:`attention_outputs`: those are what
+        :func:`quicksilver.variants.compile_layers` compiles, whatever the batch."""
+        sel = None if query_rows is None else _global_rows(query_rows, lengths)
+        q, k, v = self.attention_inputs(x, cos, sin, sel)
+        y, new_kvs = self.self_attn.attend_packed(q, k, v, lengths, masks, pasts, query_rows)
+        if sel is not None:
+            x = x[:, sel]
+        if y.shape[1] == 0:  # no sequence wants an output row
+            return x, new_kvs
+        return self.attention_outputs(x, y), new_kvs
+
+    def attention_inputs(self, x, cos, sin, sel=None):
+        return self.self_attn.project_packed(self.input_layernorm(x), cos, sin, sel)
+
+    def attention_outputs(self, x, y):
+        x = x + self.self_attn.o_proj(y)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Transformer(nn.Module):

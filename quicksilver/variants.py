@@ -1,6 +1,7 @@
-"""Numeric variants of a loaded model: bf16, fp32, int8, int8w, or a torch.compile'd bf16 copy.
+"""Numeric variants of a loaded model: bf16, fp32, int8 or int8w, each optionally with its layers compiled.
 
-Serving commands take ``--precision`` (one of :data:`PRECISIONS`); the benchmark also measures "compile".
+Serving commands take ``--precision`` (one of :data:`PRECISIONS`) and ``--compile``; the benchmark names a compiled
+variant "PRECISION+compile" (:data:`VARIANTS`).
 int8 (:class:`Int8Linear`) stores every linear layer's weights in int8 with one scale per output row and quantises
 its input to int8 with one scale per input row, then multiplies in int32 (``torch._int_mm``), which is exact. So a
 row's output depends only on that row, as in a float model: batching, the prefix cache and chunked prefill leave
@@ -14,11 +15,15 @@ by them in one fused kernel (``torch._weight_int8pack_mm``): no input quantisati
 is slower than int8 (``python benchmarks/microbench.py linear``), which matters most in batched serving. So it suits
 the AR twin's single stream, not the block decoder. Layers whose input size is not a multiple of 16 stay bf16: the
 kernel is only right for those.
+
+Compiling (:func:`compile_layers`) fuses the elementwise work around each layer's matrix products with
+``torch.compile``; the per-sequence attention stays eager, so one set of graphs serves any batch.
 """
 
 from __future__ import annotations
 
 import copy as copy_module
+import functools
 
 import torch
 from torch import nn
@@ -26,7 +31,8 @@ from torch import nn
 from quicksilver.model import MoE, Transformer
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8", "int8w")  # what a served model may run in
-VARIANTS: tuple[str, ...] = (*PRECISIONS, "compile")  # what the benchmark measures
+COMPILED = "+compile"  # suffix of a variant whose layers are compiled (compile_layers)
+VARIANTS: tuple[str, ...] = (*PRECISIONS, *(p + COMPILED for p in PRECISIONS))  # what the benchmark measures
 QUANTISED: tuple[str, ...] = ("int8", "int8w")  # serving-only conversions: never saved as a model folder
 
 
@@ -39,29 +45,40 @@ def precision_of(model: Transformer) -> str:
     return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
 
 
+def is_compiled(model: Transformer) -> bool:
+    """Whether :func:`compile_layers` has compiled ``model``'s layers."""
+    return any("attention_inputs" in vars(layer) for layer in getattr(model, "layers", ()))
+
+
+def variant_of(model: Transformer) -> str:
+    """The :data:`VARIANTS` name of what ``model`` runs as, e.g. "int8+compile"."""
+    return precision_of(model) + (COMPILED if is_compiled(model) else "")
+
+
 def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transformer:
     """``model`` in ``variant`` (a copy unless ``copy`` is False): "bf16", "fp32", "int8" (every linear layer an
-    :class:`Int8Linear`; embeddings, norms and attention stay float32), "int8w" (every linear layer an
-    :class:`Int8WeightLinear`, the rest bf16) or "compile" (bf16, forward compiled by
-    torch.compile with dynamic shapes and frozen weights: tens of seconds per new graph on first use)."""
+    :class:`Int8Linear`; embeddings, norms and attention stay float32) or "int8w" (every linear layer an
+    :class:`Int8WeightLinear`, the rest bf16); with the suffix "+compile" its layers are then compiled
+    (:func:`compile_layers`)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown model variant {variant!r} (known: {', '.join(VARIANTS)})")
+    if is_compiled(model):
+        raise ValueError("the model's layers are already compiled; convert from the uncompiled model")
     if any(isinstance(m, (Int8Linear, Int8WeightLinear)) for m in model.modules()):
         raise ValueError(f"the model is already in {precision_of(model)}; convert from the float model")
     model = copy_module.deepcopy(model) if copy else model
-    if variant == "bf16":
-        return model.to(torch.bfloat16).eval()
-    if variant == "compile":
-        import torch._inductor.config as inductor_config
+    precision = variant.removesuffix(COMPILED)
+    model = _to_precision(model, precision)
+    return compile_layers(model) if variant.endswith(COMPILED) else model
 
-        inductor_config.freezing = True  # weights as constants: this copy is for inference only
-        compiled = model.to(torch.bfloat16).eval()
-        compiled.forward = torch.compile(compiled.forward, dynamic=True)
-        return compiled
-    float_model = model.to(torch.bfloat16 if variant == "int8w" else torch.float32).eval()
-    if variant == "fp32":
+
+def _to_precision(model: Transformer, precision: str) -> Transformer:
+    if precision == "bf16":
+        return model.to(torch.bfloat16).eval()
+    float_model = model.to(torch.bfloat16 if precision == "int8w" else torch.float32).eval()
+    if precision == "fp32":
         return float_model
-    quantised = Int8WeightLinear if variant == "int8w" else Int8Linear
+    quantised = Int8WeightLinear if precision == "int8w" else Int8Linear
     for module in list(float_model.modules()):
         for name, child in list(module.named_children()):
             # a mixture-of-experts router stays float: it reads its weight directly, and its choices are discrete
@@ -70,6 +87,65 @@ def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transform
                     continue  # the fused kernel is wrong for such shapes: this layer stays bf16
                 setattr(module, name, quantised(child))
     return float_model
+
+
+def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
+    """Compile, with ``torch.compile`` (inductor), the two tensor-only steps of every layer's packed forward: the
+    norm, projections and rotation before attention, and the output projection, residuals and MLP after it
+    (:meth:`quicksilver.model.Block.forward_packed`). The per-sequence attention between them stays eager, so
+    no batch shape or request mix reaches the compiled code, only row counts, which are dynamic. Inductor fuses
+    the elementwise work around each matrix product (norms, rotation, activation, int8 (de)quantisation), which
+    at this model size is much of a forward's time.
+
+    One compiled function serves every layer (each passes its own weights). ``warm_up`` builds the graphs now
+    (:func:`warm_up_layers`) rather than in the first request: about half a minute on a 2-core CPU the first
+    time, a few seconds once inductor's on-disk cache has them. A mixture-of-experts MLP stays eager (its routing
+    is data-dependent). Works in place on ``model`` and returns it; ``Transformer.forward`` (training, the
+    embedder) is unchanged."""
+    if model.device.type != "cpu":
+        raise ValueError(f"compiling the layers is measured on the CPU only, not on {model.device}")
+    options = {"guard_filter_fn": _guard_inputs_only}
+    inputs = torch.compile(_attention_inputs, dynamic=True, options=options)
+    outputs = torch.compile(_attention_outputs, dynamic=True, options=options)
+    for layer in model.layers:
+        layer.attention_inputs = functools.partial(inputs, layer)
+        if not isinstance(layer.mlp, MoE):
+            layer.attention_outputs = functools.partial(outputs, layer)
+    if warm_up:
+        warm_up_layers(model)
+    return model
+
+
+@torch.inference_mode()  # as decoding runs: a graph built outside inference mode would not be reused in it
+def warm_up_layers(model: Transformer) -> None:
+    """Run the packed forward in the shapes decoding uses, so that the compiled graphs exist before real work.
+
+    Row counts are dynamic, except that a count of 1 gets a graph of its own (torch's 0/1 specialisation), and a
+    first trace in which two counts are equal assumes they always are. So: a prompt whose wanted rows are fewer
+    than its rows, then steps of one row and of several over its keys, each wanting one row or more."""
+    n, device = 8, model.device
+    ids = torch.arange(n, device=device) % model.config.vocab_size
+    positions = torch.arange(n, device=device)
+    _, (past,) = model.forward_packed(ids, positions, [n], [None], [None], output_rows=[torch.arange(3)])
+    for rows, wanted in ((1, 1), (n, 1), (2, 2)):
+        model.forward_packed(ids[:rows], positions[:rows] + n, [rows], [None], [past],
+                             output_rows=[torch.arange(wanted)])
+
+
+def _guard_inputs_only(guards: list) -> list[bool]:
+    """Keep dynamo's guards on the call's tensors (their shapes, dtypes, ``sel`` being None or not) and drop those
+    on the layer module and on globals: about a hundred checks per call, which cost more than half of what
+    compiling saves at this model size. Safe because a served model's layers do not change and all of one
+    model's layers have the same structure."""
+    return [not (g.is_global or g.name.startswith("layer")) for g in guards]
+
+
+def _attention_inputs(layer, x, cos, sin, sel=None):
+    return type(layer).attention_inputs(layer, x, cos, sin, sel)
+
+
+def _attention_outputs(layer, x, y):
+    return type(layer).attention_outputs(layer, x, y)
 
 
 def quantise_weight_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

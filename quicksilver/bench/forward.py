@@ -36,15 +36,15 @@ def _step_fn(case: ForwardCase, prefix: int):
     pos = torch.arange(total, device=device).unsqueeze(0)
     with torch.inference_mode():
         _, kv = model(ids[:, :prefix], pos[:, :prefix])  # the cached prefix
-    q = pos[:, prefix:]
-    mask = config_mask(cfg, q, pos)
-    mask = None if mask is None else mask.unsqueeze(1)
-    step_ids = ids[:, prefix:]
+    q = pos[0, prefix:]
+    mask = config_mask(cfg, q, pos[0])
+    masks = [None if mask is None or bool(mask.all()) else mask[None, None]]  # as the decoder passes it
+    step_ids, past, wanted = ids[0, prefix:], [kv], [torch.arange(case.logit_rows, device=device)]
 
     def run() -> None:
-        with torch.inference_mode():
-            hidden, _ = model(step_ids, q, mask, kv)
-            model.logits(hidden[0, : case.logit_rows])
+        with torch.inference_mode():  # the packed forward, as the decoder runs it (compiled layers included)
+            hidden, _ = model.forward_packed(step_ids, q, [case.rows], masks, past, output_rows=wanted)
+            model.logits(hidden)
         if device.type == "cuda":  # kernels run asynchronously: time them to the end
             torch.cuda.synchronize(device)
 

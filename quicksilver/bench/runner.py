@@ -30,7 +30,11 @@ from quicksilver.variants import as_variant
 
 # variants measured for the AR model only: they pay off in one-row decode steps and are slower than int8 at the
 # block decoder's row counts (benchmarks/microbench.py linear), so as its headline they would slow its batched serving
-ONE_ROW_VARIANTS = ("int8w",)
+ONE_ROW_VARIANTS = ("int8w", "int8w+compile")
+
+
+# extra rows measured by default on the CPU: each model gets every one that applies to it (ONE_ROW_VARIANTS)
+DEFAULT_CPU_VARIANTS = ("int8", "int8w", "int8+compile", "int8w+compile")
 
 
 @dataclass
@@ -40,7 +44,7 @@ class BenchOptions:
     tasks: list[str] | None = None  # default: every task in the suite
     per_task: int = 2
     # rows besides each model's headline variant (the faster of bf16/fp32 on this machine, measured)
-    variants: list[str] = field(default_factory=lambda: ["int8", "int8w"])
+    variants: list[str] = field(default_factory=lambda: list(DEFAULT_CPU_VARIANTS))
     threads: int | None = None  # None: the faster of 1 and 2 in the forward benchmark
     sweep: bool = True
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 32])

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from quicksilver.decoding import Decoder
     from quicksilver.loading import load_model
 
-    loaded = load_model(args.model, precision=args.precision, device=args.device)
+    loaded = load_model(args.model, precision=args.precision, device=args.device, compile=args.compile)
     params = params_from_args(args, loaded.defaults)
     result = Decoder(loaded.model, loaded.tokenizer, params).chat(messages, params)
     if args.json:

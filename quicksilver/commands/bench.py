@@ -23,10 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", help="comma-separated task names (default: the whole suite)")
     p.add_argument("--per-task", type=int, help="held-out prompts per task (default 2; --quick 1)")
     p.add_argument("--variants", default=None,
-                   help="extra rows per model besides its fastest of bf16/fp32: comma-separated from bf16,fp32,int8,"
-                        "int8w,compile (default int8,int8w; int8w for the AR model only; 'none' for no extra rows; "
-                        "compile recompiles per new graph, slow; off the CPU only bf16 and fp32 apply, default "
-                        "none)")
+                   help="extra rows per model besides its fastest of bf16/fp32: comma-separated precisions "
+                        "(bf16, fp32, int8, int8w), each optionally with +compile (layers compiled, graphs built "
+                        "before timing). Default int8,int8w,int8+compile,int8w+compile; int8w rows for the AR "
+                        "model only; 'none' for no extra rows; off the CPU only bf16 and fp32 apply, default none")
     p.add_argument("--threads", type=int, help="intra-op threads (default: the faster of 1 and 2, measured)")
     p.add_argument("--device", default="cpu",
                    help="where the models run: cpu (default) or an accelerator such as cuda; the decode loop's "
@@ -51,11 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from quicksilver.bench import BenchOptions, run_bench
     from quicksilver.bench.report import print_tables
+    from quicksilver.bench.runner import DEFAULT_CPU_VARIANTS
     from quicksilver.devices import resolve_device
     from quicksilver.variants import VARIANTS
 
     device = resolve_device(args.device)
-    spec = args.variants if args.variants is not None else ("int8,int8w" if device.type == "cpu" else "none")
+    spec = args.variants if args.variants is not None else (",".join(DEFAULT_CPU_VARIANTS) if device.type == "cpu"
+                                                             else "none")
     variants = [v.strip() for v in spec.split(",") if v.strip() and v.strip().lower() != "none"]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
     if device.type != "cpu":
-        # int8 rows use CPU-only kernels (torch._int_mm on rows, _weight_int8pack_mm); compile is untried there
+        # int8 rows use CPU-only kernels (torch._int_mm on rows, _weight_int8pack_mm); compiling is measured on the
+        # CPU only
         cpu_only = [v for v in variants if v not in ("bf16", "fp32")]
         if cpu_only:
             raise ValueError(f"variant(s) {cpu_only} run on the CPU only; use --variants none with --device")

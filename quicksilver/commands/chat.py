@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     schema = _read_json(args.json_schema, "--json-schema") if args.json_schema else None
     if schema is not None and not isinstance(schema, dict):
         raise ValueError(f"--json-schema {args.json_schema} must hold a JSON object")
-    loaded = load_model(args.model, precision=args.precision, device=args.device)
+    loaded = load_model(args.model, precision=args.precision, device=args.device, compile=args.compile)
     params = params_from_args(args, loaded.defaults)
     tok = loaded.tokenizer
     if tools is not None:

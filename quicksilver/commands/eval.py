@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from quicksilver.evaluate import EVAL_SEED, evaluate
     from quicksilver.loading import load_model
-    from quicksilver.variants import precision_of
+    from quicksilver.variants import is_compiled, precision_of, variant_of
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     for name in tasks or ():
@@ -61,13 +61,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tool-choice needs --constrained")
     tool_choice = args.tool_choice or "auto"
     mode = f"constrained (as the API serves it; tools with tool_choice={tool_choice})" if args.constrained else "free"
-    loaded = load_model(args.model, precision=args.precision, device=args.device)
+    loaded = load_model(args.model, precision=args.precision, device=args.device, compile=args.compile)
     changes = {k: v for k, v in (("policy", args.policy), ("threshold", args.threshold),
                                  ("block_size", args.block_size),
                                  ("accept_ratio", args.accept_ratio)) if v is not None}
     params = loaded.defaults.replace(**changes)
-    precision = precision_of(loaded.model)
-    console.print(f"[bold]{loaded.name or loaded.path}[/bold] ({precision}): {args.n} held-out examples per task, "
+    precision, variant = precision_of(loaded.model), variant_of(loaded.model)
+    console.print(f"[bold]{loaded.name or loaded.path}[/bold] ({variant}): {args.n} held-out examples per task, "
                   f"{mode} decoding", style="dim")
 
     def progress(name: str, m: dict) -> None:
@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
                       seed=EVAL_SEED if args.seed is None else args.seed, max_tokens=args.max_tokens,
                       keep_outputs=args.outputs, on_task=progress, constrained=args.constrained,
                       tool_choice=tool_choice)
-    report["precision"] = precision
-    table = Table(title=f"quicksilver eval - {report['model']} ({precision}) - "
+    report["precision"], report["compiled"] = precision, is_compiled(loaded.model)
+    table = Table(title=f"quicksilver eval - {report['model']} ({variant}) - "
                         f"{'constrained' if args.constrained else 'free'}")
     cols = ["task", "accuracy", "correct", "tokens/forward", "tokens/s"]
     if args.constrained:  # where the server would have answered an error (400 at build, 500 on a broken guarantee)

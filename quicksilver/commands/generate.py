@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from quicksilver.loading import load_model
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    loaded = load_model(args.model, precision=args.precision, device=args.device)
+    loaded = load_model(args.model, precision=args.precision, device=args.device, compile=args.compile)
     params = params_from_args(args, loaded.defaults)
     decoder = Decoder(loaded.model, loaded.tokenizer, params)
     if args.raw:

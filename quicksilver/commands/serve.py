@@ -56,17 +56,17 @@ def run(args: argparse.Namespace) -> int:
     from quicksilver.api.server import create_app
     from quicksilver.engine import model_thread
     from quicksilver.loading import load_model
-    from quicksilver.variants import precision_of
+    from quicksilver.variants import variant_of
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     worker = model_thread()  # the engine's model thread loads the weights too: one thread runs all torch work
-    loaded = worker.submit(load_model, args.model, None, args.precision, args.device).result()
+    loaded = worker.submit(load_model, args.model, None, args.precision, args.device, args.compile).result()
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
                      served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue,
                      prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk, worker=worker)
     where = "" if loaded.model.device.type == "cpu" else f" on {loaded.model.device}"
-    print(f"quicksilver serve: model {loaded.name!r} ({precision_of(loaded.model)}{where}; "
+    print(f"quicksilver serve: model {loaded.name!r} ({variant_of(loaded.model)}{where}; "
           f"prefix cache {args.prefix_cache_mb:g} MB, prefill chunk {args.prefill_chunk or 'off'}) "
           f"on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,

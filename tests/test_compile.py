@@ -1,0 +1,64 @@
+"""Compiled layers (``--compile``, :func:`quicksilver.variants.compile_layers`): the eager model's numbers and
+answers, whatever else is in the batch, and every graph built by the warm-up rather than by a request."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from quicksilver.decoding import Decoder
+from quicksilver.loading import load_model
+from quicksilver.sampling import SamplingParams
+from quicksilver.testing import save_tiny_model, tiny_tokenizer
+from quicksilver.variants import as_variant, is_compiled, variant_of
+from tests.exact_cache_cases import KINDS, SYSTEM, peaked
+
+PROMPTS = ("hello", "def add(a, b):", SYSTEM + "The quick brown fox")
+
+
+@pytest.fixture(scope="module", params=["speculative", "causal"])
+def pair(request):
+    mode, options, policy = KINDS[request.param]
+    model = peaked(mode, **options)
+    return as_variant(model, "int8"), as_variant(model, "int8+compile"), policy
+
+
+def test_compiled_layers_compute_what_the_eager_layers_compute(pair):
+    eager, compiled, _ = pair
+    assert is_compiled(compiled) and not is_compiled(eager) and variant_of(compiled) == "int8+compile"
+    ids = torch.tensor(tiny_tokenizer().encode(SYSTEM))
+    n = len(ids)
+    with torch.inference_mode():  # a prompt, then a step over its keys that wants some of its rows
+        outs = [m.forward_packed(ids, torch.arange(n), [n], [None], [None]) for m in (eager, compiled)]
+        steps = [m.forward_packed(ids[:5], torch.arange(n, n + 5), [5], [None], [past],
+                                  output_rows=[torch.tensor([1, 4])]) for m, (_, (past,)) in zip((eager, compiled), outs)]
+    for (want, want_kv), (got, got_kv) in (outs, steps):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        for (wk, wv), (gk, gv) in zip(want_kv[0], got_kv[0], strict=True):
+            torch.testing.assert_close(gk, wk, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(gv, wv, atol=1e-4, rtol=1e-4)
+
+
+def test_compiled_decoding_answers_as_eager_alone_and_batched_without_new_graphs(pair):
+    eager, compiled, policy = pair
+    tok = tiny_tokenizer()
+    params = SamplingParams(max_tokens=20, ignore_eos=True, policy=policy)
+    graphs = counters["stats"]["unique_graphs"]
+    want = [Decoder(eager, tok).generate(p, params).token_ids for p in PROMPTS]
+    decoder = Decoder(compiled, tok)
+    assert [decoder.generate(p, params).token_ids for p in PROMPTS] == want
+    states = [decoder.start(tok.encode(p), params) for p in PROMPTS]  # packed into one forward per step
+    while not all(s.finished for s in states):
+        decoder.step(states)
+    assert [s.answer_ids for s in states] == want
+    assert counters["stats"]["unique_graphs"] == graphs  # the warm-up built every graph these requests needed
+
+
+def test_compiling_is_refused_twice_and_off_the_cpu(pair, tmp_path):
+    _, compiled, _ = pair
+    with pytest.raises(ValueError, match="already compiled"):
+        as_variant(compiled, "bf16")
+    folder = save_tiny_model(tmp_path / "tiny")
+    with pytest.raises(ValueError, match="(CPU only|no CUDA)"):  # without a GPU here, the device itself is refused
+        load_model(str(folder), device="cuda", compile=True)
