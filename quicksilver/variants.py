@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy as copy_module
 import functools
+import types
 
 import torch
 from torch import nn
@@ -105,8 +106,8 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
     if model.device.type != "cpu":
         raise ValueError(f"compiling the layers is measured on the CPU only, not on {model.device}")
     options = {"guard_filter_fn": _guard_inputs_only}
-    inputs = torch.compile(_attention_inputs, dynamic=True, options=options)
-    outputs = torch.compile(_attention_outputs, dynamic=True, options=options)
+    inputs = torch.compile(_own_code(_attention_inputs), dynamic=True, options=options)
+    outputs = torch.compile(_own_code(_attention_outputs), dynamic=True, options=options)
     for layer in model.layers:
         layer.attention_inputs = functools.partial(inputs, layer)
         if not isinstance(layer.mlp, MoE):
@@ -132,11 +133,18 @@ def warm_up_layers(model: Transformer) -> None:
                              output_rows=[torch.arange(wanted)])
 
 
+def _own_code(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` with a code object of its own. Dynamo keeps its graphs, and its limit of recompiles, per code object:
+    without this every compiled model in a process would share one list of graphs (the benchmark compiles five),
+    reach the limit and silently run eager, and models could take each other's graphs (see below)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
 def _guard_inputs_only(guards: list) -> list[bool]:
     """Keep dynamo's guards on the call's tensors (their shapes, dtypes, ``sel`` being None or not) and drop those
-    on the layer module and on globals: about a hundred checks per call, which cost more than half of what
-    compiling saves at this model size. Safe because a served model's layers do not change and all of one
-    model's layers have the same structure."""
+    on the layer module and on globals: about a hundred checks per call. Safe only because each compiled model has
+    its own graphs (:func:`_own_code`), a served model's layers do not change, and all of one model's layers have
+    the same structure (head counts, norms; a mixture-of-experts MLP is not compiled)."""
     return [not (g.is_global or g.name.startswith("layer")) for g in guards]
 
 

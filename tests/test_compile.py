@@ -55,10 +55,30 @@ def test_compiled_decoding_answers_as_eager_alone_and_batched_without_new_graphs
     assert counters["stats"]["unique_graphs"] == graphs  # the warm-up built every graph these requests needed
 
 
+def test_each_compiled_model_builds_and_keeps_its_own_graphs():
+    """Models compiled in one process must not share graphs: two layouts of the same width (4 heads of 16, 2 of
+    32) would otherwise pass each other's guards on the call's tensors, and a shared list of graphs would reach
+    dynamo's recompile limit and fall back to eager without a word."""
+    ids = torch.tensor(tiny_tokenizer().encode(SYSTEM))
+    n = len(ids)
+    for heads, kv_heads in ((4, 2), (2, 1), (4, 2)):
+        model = peaked("block_causal", token_shift=True, causal_context=True, num_attention_heads=heads,
+                       num_key_value_heads=kv_heads)
+        graphs = counters["stats"]["unique_graphs"]
+        compiled = as_variant(model, "int8+compile")
+        assert counters["stats"]["unique_graphs"] >= graphs + 2  # its own graphs, not fallen back to eager
+        with torch.inference_mode():
+            want, _ = as_variant(model, "int8").forward_packed(ids, torch.arange(n), [n], [None], [None])
+            got, _ = compiled.forward_packed(ids, torch.arange(n), [n], [None], [None])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_compiling_is_refused_twice_and_off_the_cpu(pair, tmp_path):
     _, compiled, _ = pair
     with pytest.raises(ValueError, match="already compiled"):
         as_variant(compiled, "bf16")
     folder = save_tiny_model(tmp_path / "tiny")
+    loaded = load_model(str(folder), precision="int8", compile=True)  # what the commands' --compile does
+    assert variant_of(loaded.model) == "int8+compile"
     with pytest.raises(ValueError, match="(CPU only|no CUDA)"):  # without a GPU here, the device itself is refused
         load_model(str(folder), device="cuda", compile=True)

@@ -15,9 +15,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "weights, bf16 inputs: fastest for one-token AR steps); default: as saved")
     p.add_argument("--device", help="where the model runs: cpu (default) or cuda[:N]; int8 precisions are CPU-only")
     p.add_argument("--compile", action="store_true",
-                   help="compile the model's layers with torch.compile (CPU; 1.2-1.3x faster forwards for the "
-                        "block decoder, none for one-row AR steps); builds its graphs at start-up, up to about "
-                        "half a minute the first time")
+                   help="compile the model's layers with torch.compile (CPU only). With --precision int8 the block "
+                        "decoder's forwards ran 1.2-1.3x faster here; one-row AR steps barely gain and bf16 lost "
+                        "(docs/performance.md section 11). Builds its graphs at start-up: up to about half a "
+                        "minute the first time")
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
