@@ -29,11 +29,14 @@ def test_compiled_layers_compute_what_the_eager_layers_compute(pair):
     assert is_compiled(compiled) and not is_compiled(eager) and variant_of(compiled) == "int8+compile"
     ids = torch.tensor(tiny_tokenizer().encode(SYSTEM))
     n = len(ids)
+    results = {}
     with torch.inference_mode():  # a prompt, then a step over its keys that wants some of its rows
-        outs = [m.forward_packed(ids, torch.arange(n), [n], [None], [None]) for m in (eager, compiled)]
-        steps = [m.forward_packed(ids[:5], torch.arange(n, n + 5), [5], [None], [past],
-                                  output_rows=[torch.tensor([1, 4])]) for m, (_, (past,)) in zip((eager, compiled), outs)]
-    for (want, want_kv), (got, got_kv) in (outs, steps):
+        for name, m in (("eager", eager), ("compiled", compiled)):
+            prompt = m.forward_packed(ids, torch.arange(n), [n], [None], [None])
+            step = m.forward_packed(ids[:5], torch.arange(n, n + 5), [5], [None], prompt[1],
+                                    output_rows=[torch.tensor([1, 4])])
+            results[name] = (prompt, step)
+    for (want, want_kv), (got, got_kv) in zip(results["eager"], results["compiled"], strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         for (wk, wv), (gk, gv) in zip(want_kv[0], got_kv[0], strict=True):
             torch.testing.assert_close(gk, wk, atol=1e-4, rtol=1e-4)
