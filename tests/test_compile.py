@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from quicksilver.decoding import Decoder
+from quicksilver.decoding import Decoder, PrefixCache
 from quicksilver.loading import load_model
 from quicksilver.sampling import SamplingParams
 from quicksilver.testing import save_tiny_model, tiny_tokenizer
@@ -17,16 +17,26 @@ from tests.exact_cache_cases import KINDS, SYSTEM, peaked
 PROMPTS = ("hello", "def add(a, b):", SYSTEM + "The quick brown fox")
 
 
-@pytest.fixture(scope="module", params=["speculative", "causal"])
+# (cache kind, precision): the default's case, and the twin's in both of its int8 precisions
+CASES = [("speculative", "int8"), ("causal", "int8"), ("causal", "int8w")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
 def pair(request):
-    mode, options, policy = KINDS[request.param]
+    kind, precision = request.param
+    mode, options, policy = KINDS[kind]
     model = peaked(mode, **options)
-    return as_variant(model, "int8"), as_variant(model, "int8+compile"), policy
+    return as_variant(model, precision), as_variant(model, precision + "+compile"), policy
+
+
+def tolerance(model) -> dict:
+    """Within float rounding: fp32 for int8 (its activations are float32), bf16's for int8w."""
+    return {"atol": 5e-2, "rtol": 5e-2} if model.dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
 
 
 def test_compiled_layers_compute_what_the_eager_layers_compute(pair):
     eager, compiled, _ = pair
-    assert is_compiled(compiled) and not is_compiled(eager) and variant_of(compiled) == "int8+compile"
+    assert is_compiled(compiled) and not is_compiled(eager) and variant_of(compiled) == variant_of(eager) + "+compile"
     ids = torch.tensor(tiny_tokenizer().encode(SYSTEM))
     n = len(ids)
     results = {}
@@ -36,11 +46,12 @@ def test_compiled_layers_compute_what_the_eager_layers_compute(pair):
             step = m.forward_packed(ids[:5], torch.arange(n, n + 5), [5], [None], prompt[1],
                                     output_rows=[torch.tensor([1, 4])])
             results[name] = (prompt, step)
+    close = tolerance(eager)
     for (want, want_kv), (got, got_kv) in zip(results["eager"], results["compiled"], strict=True):
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got, want, **close)
         for (wk, wv), (gk, gv) in zip(want_kv[0], got_kv[0], strict=True):
-            torch.testing.assert_close(gk, wk, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(gv, wv, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(gk, wk, **close)
+            torch.testing.assert_close(gv, wv, **close)
 
 
 def test_compiled_decoding_answers_as_eager_alone_and_batched_without_new_graphs(pair):
@@ -55,6 +66,11 @@ def test_compiled_decoding_answers_as_eager_alone_and_batched_without_new_graphs
     while not all(s.finished for s in states):
         decoder.step(states)
     assert [s.answer_ids for s in states] == want
+    # a shared prefix cache and chunked prefill: chunks that want no output row, prompts restored from the cache
+    chunked = Decoder(compiled, tok, prefix_cache=PrefixCache(compiled.config, compiled.dtype, 2**24),
+                      prefill_chunk=8)
+    for _ in range(2):
+        assert [chunked.generate(p, params).token_ids for p in PROMPTS] == want
     assert counters["stats"]["unique_graphs"] == graphs  # the warm-up built every graph these requests needed
 
 

@@ -17,8 +17,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="compile the model's layers with torch.compile (CPU only). With --precision int8 the block "
                         "decoder's forwards ran 1.2-1.3x faster here; one-row AR steps barely gain and bf16 lost "
-                        "(docs/performance.md section 11). Builds its graphs at start-up: up to about half a "
-                        "minute the first time")
+                        "(docs/performance.md section 11). Builds its graphs at start-up: about 40 s the first "
+                        "time, seconds once inductor's on-disk cache has them")
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
