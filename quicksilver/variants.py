@@ -139,7 +139,7 @@ def warm_up_layers(model: Transformer) -> None:
 
 def _own_code(fn: types.FunctionType) -> types.FunctionType:
     """``fn`` with a code object of its own. Dynamo keeps its graphs, and its limit of recompiles, per code object:
-    without this every compiled model in a process would share one list of graphs (the benchmark compiles five),
+    without this every compiled model in a process would share one list of graphs (the benchmark compiles seven),
     reach the limit and silently run eager, and models could take each other's graphs (see below)."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
