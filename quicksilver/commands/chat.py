@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     schema = _read_json(args.json_schema, "--json-schema") if args.json_schema else None
     if schema is not None and not isinstance(schema, dict):
         raise ValueError(f"--json-schema {args.json_schema} must hold a JSON object")
+    if args.compile:  # the warm-up is silent and can take a while: say why nothing happens yet
+        print("compiling the model's layers (about 40 s the first time) ...", file=sys.stderr, flush=True)
     loaded = load_model(args.model, precision=args.precision, device=args.device, compile=args.compile)
     params = params_from_args(args, loaded.defaults)
     tok = loaded.tokenizer

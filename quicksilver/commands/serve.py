@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     worker = model_thread()  # the engine's model thread loads the weights too: one thread runs all torch work
+    if args.compile:  # the warm-up is silent and can take a while: say why the server is not up yet
+        print("quicksilver serve: compiling the model's layers (about 40 s the first time) ...", flush=True)
     loaded = worker.submit(load_model, args.model, None, args.precision, args.device, args.compile).result()
     app = create_app(loaded, api_key=args.api_key, index_path=args.index,
                      served_model_name=args.served_model_name, max_batch=args.max_batch, max_queue=args.max_queue,
