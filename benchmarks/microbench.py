@@ -9,7 +9,8 @@ machine's load (shared cores) hits every alternative alike. Shapes are those of 
   fused       separate q,k,v and gate,up projections vs one concatenated matmul
   attention   SDPA with an all-true mask vs no mask (what a cached steady-state step could pass), and grouped-
               query attention vs the query heads folded into rows per row count (tried, reverted: docs section 9)
-  compile     torch.compile(freezing) of the whole block forward vs eager, plus its compile time
+  compile     one block step's packed forward, eager vs compiled layers (--compile; --variant picks the
+              precision), plus the compile and warm-up time
   profile     torch profiler table of one block forward (--variant bf16|fp32|int8|int8w): where the time goes
   backends    SDPA default (flash) kernel vs the math kernel the engine forces for batch invariance
 """
@@ -100,31 +101,32 @@ def attention(heads: int, kv: int, head_dim: int) -> None:
                 q.reshape(1, kv, group * t, head_dim), k, v).view(1, heads, t, head_dim)}))
 
 
-def compiled(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int) -> None:
-    import torch._inductor.config as inductor_config
-
+def compiled(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, variant: str) -> None:
     from quicksilver.config import ModelConfig
-    from quicksilver.model import Transformer, attention_mask
+    from quicksilver.model import Transformer, additive_mask, attention_mask
+    from quicksilver.variants import as_variant
 
     cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv, intermediate_size=inter, block_size=32, mask_token_id=3)
     torch.manual_seed(0)
-    model = Transformer(cfg).eval().bfloat16()
-    ids = torch.randint(4, vocab, (1, 232))
-    pos = torch.arange(232).unsqueeze(0)
-    q = pos[:, 200:]
-    mask = attention_mask("block_causal", q, pos, 32).unsqueeze(1)
-    with torch.inference_mode():
-        _, past = model(ids[:, :200], pos[:, :200])
-    inductor_config.freezing = True
-    cm = torch.compile(model, dynamic=False)
+    base = Transformer(cfg).eval()
+    eager = as_variant(base, variant)
     t0 = time.perf_counter()
+    compiled_model = as_variant(base, variant + "+compile")
+    print(f"compile + warm-up {time.perf_counter() - t0:.1f} s (inductor's on-disk cache shortens later runs)")
+    ids = torch.randint(4, vocab, (232,))
+    pos = torch.arange(232)
+    mask = [additive_mask(attention_mask("block_causal", pos[200:], pos, 32), eager.dtype)]  # as the decoder passes it
+    rows = [torch.arange(32)]
     with torch.inference_mode():
-        cm(ids[:, 200:], q, mask, past)
-    print(f"compile time {time.perf_counter() - t0:.1f} s (one shape; every new (T, S) recompiles)")
-    with torch.inference_mode():
-        print("block forward", timed({"eager": lambda: model(ids[:, 200:], q, mask, past),
-                                      "compiled": lambda: cm(ids[:, 200:], q, mask, past)}, 30))
+        pasts = {name: m.forward_packed(ids[:200], pos[:200], [200], [None], [None])[1]
+                 for name, m in (("eager", eager), ("compiled", compiled_model))}
+
+        def step(m, name):
+            return lambda: m.forward_packed(ids[200:], pos[200:], [32], mask, pasts[name], output_rows=rows)
+
+        print(f"{variant} block step (32 rows, 200 cached)",
+              timed({"eager": step(eager, "eager"), "compiled": step(compiled_model, "compiled")}, 100))
 
 
 def _block_case(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, variant: str):
@@ -211,7 +213,7 @@ def main() -> None:
     elif a.experiment == "backends":
         backends(a.heads, a.kv_heads, head_dim)
     else:
-        compiled(a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab)
+        compiled(a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab, a.variant)
 
 
 if __name__ == "__main__":

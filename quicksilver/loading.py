@@ -9,7 +9,7 @@ import torch
 
 from quicksilver.checkpoint import CheckpointError, LoadedModel, load_pretrained
 from quicksilver.devices import check_precision, place_model, resolve_device
-from quicksilver.variants import PRECISIONS, as_variant, compile_layers
+from quicksilver.variants import PRECISIONS, as_variant, check_compile_device, compile_layers
 
 MODELS_DIR = Path(__file__).parent / "models"
 DEFAULT_MODEL = "default"
@@ -57,8 +57,8 @@ def load_model(
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
     resolved = resolve_device(device)
     check_precision(precision, resolved)  # a bad device or pairing fails before the weights load
-    if compile and resolved.type != "cpu":
-        raise ValueError(f"--compile is measured on the CPU only; leave it off on {resolved}")
+    if compile:
+        check_compile_device(resolved)
     folder = resolve_model_path(name_or_path)
     cfg_path = folder / "config.json"
     model_type = None

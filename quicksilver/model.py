@@ -60,6 +60,15 @@ def config_mask(cfg: ModelConfig, q_pos: torch.Tensor, k_pos: torch.Tensor) -> t
     return attention_mask(cfg.attention_mode, q_pos, k_pos, cfg.block_size, cfg.causal_context)
 
 
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask [T, S] as the packed forward takes it: None when every query sees every key (the fused
+    kernel then skips masking), else an additive float mask [1, 1, T, S] (0 or -inf). Attention converts a boolean
+    mask the same way, but in every layer; converted once, the numbers are the same."""
+    if mask is None or bool(mask.all()):
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))[None, None]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()

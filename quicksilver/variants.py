@@ -90,6 +90,12 @@ def _to_precision(model: Transformer, precision: str) -> Transformer:
     return float_model
 
 
+def check_compile_device(device: torch.device) -> None:
+    """One-line ValueError unless layers can be compiled for ``device``: measured on the CPU only."""
+    if device.type != "cpu":
+        raise ValueError(f"--compile is measured on the CPU only; leave it off on {device}")
+
+
 def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
     """Compile, with ``torch.compile`` (inductor), the two tensor-only steps of every layer's packed forward: the
     norm, projections and rotation before attention, and the output projection, residuals and MLP after it
@@ -104,8 +110,7 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
     is data-dependent). Works in place on ``model`` and returns it; ``Transformer.forward`` (training, the
     embedder) is unchanged. Outputs match the eager model's within float rounding (inductor fuses in float32).
     Set the thread count before compiling: dynamo guards on it, and a change would build the graphs again."""
-    if model.device.type != "cpu":
-        raise ValueError(f"compiling the layers is measured on the CPU only, not on {model.device}")
+    check_compile_device(model.device)
     options = {"guard_filter_fn": _guard_inputs_only}
     inputs = torch.compile(_own_code(_attention_inputs), dynamic=True, options=options)
     outputs = torch.compile(_own_code(_attention_outputs), dynamic=True, options=options)

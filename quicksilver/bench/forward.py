@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from quicksilver.bench.models import set_threads
-from quicksilver.model import Transformer, config_mask
+from quicksilver.model import Transformer, additive_mask, config_mask
 from quicksilver.variants import as_variant
 
 
@@ -38,7 +38,7 @@ def _step_fn(case: ForwardCase, prefix: int):
         _, kv = model(ids[:, :prefix], pos[:, :prefix])  # the cached prefix
     q = pos[0, prefix:]
     mask = config_mask(cfg, q, pos[0])
-    masks = [None if mask is None or bool(mask.all()) else mask[None, None]]  # as the decoder passes it
+    masks = [additive_mask(mask, model.dtype)]  # as the decoder passes it
     step_ids, past, wanted = ids[0, prefix:], [kv], [torch.arange(case.logit_rows, device=device)]
 
     def run() -> None:

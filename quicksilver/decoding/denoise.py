@@ -33,7 +33,7 @@ from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
 from quicksilver.decoding.prefix_cache import PrefixCache
 from quicksilver.decoding.speculative import Layout, SelfSpeculation, check_supported
-from quicksilver.model import KV, Transformer, config_mask
+from quicksilver.model import KV, Transformer, additive_mask, config_mask
 from quicksilver.sampling import SamplingParams, make_generator, sample_tokens
 from quicksilver.tokenizer import Tokenizer
 
@@ -557,14 +557,8 @@ class Decoder:
         for p in plans:
             keys = torch.cat([p.past_positions, p.positions])
             m = p.mask if p.mask is not None else config_mask(cfg, p.positions, keys)
-            # a query block that sees every key (the usual decode step) needs no mask: the fused kernel skips it.
-            # Others go in as additive float masks, which attention would otherwise rebuild from the boolean one in
-            # every layer (the same numbers: it converts the same way)
-            if m is None or bool(m.all()):
-                masks.append(None)
-            else:
-                additive = torch.zeros(m.shape, dtype=self.model.dtype).masked_fill_(~m, float("-inf"))
-                masks.append(additive[None, None].to(device))
+            m = additive_mask(m, self.model.dtype)
+            masks.append(None if m is None else m.to(device))
         return self.model.forward_packed(
             torch.cat([p.input_ids for p in plans]).to(device), torch.cat([p.positions for p in plans]).to(device),
             [p.input_ids.numel() for p in plans], masks, [p.past for p in plans],
