@@ -6,6 +6,12 @@ closed loop of N states through ``Decoder.step``, refilled as they finish).
 
   python benchmarks/ab_decode.py HEAD~1 --mode block_causal --variant bf16
   python benchmarks/ab_decode.py 8449258~1 --model /path/to/model --streams 16 --requests 32
+  python benchmarks/ab_decode.py HEAD --model quicksilver/models/default --variant int8 --suite 6 --streams 32
+
+Without ``--suite`` the prompts are synthetic and decoding follows a fixed schedule (8 commits per step, EOS
+ignored), whatever the weights. With ``--suite N`` (needs ``--model``) they are N held-out prompts per suite
+task, decoded with the model's own generation defaults (the shipped default: self-speculative): the path that
+``quicksilver serve`` runs.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--suite", type=int, default=0, metavar="N",
+                    help="N held-out prompts per suite task, decoded with the model's generation defaults")
     ap.add_argument("--profile", action="store_true", help="also print a torch profiler table of the new side")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -79,14 +87,29 @@ def main() -> None:
     old_m.load_state_dict(new_m.state_dict())
     decoders = {"old": old_denoise.Decoder(as_variant(old_m, a.variant), tok),
                 "new": Decoder(as_variant(new_m, a.variant), tok)}
-    if cfg.attention_mode == "causal":
+    if a.suite:
+        if not a.model:
+            ap.error("--suite needs --model")
+        from quicksilver.evaluate import eval_examples, render_prompt
+        from quicksilver.tasks import SUITE
+
+        params = ld.defaults
+    elif cfg.attention_mode == "causal":
         params = SamplingParams(max_tokens=48, ignore_eos=True)
     else:  # a fixed schedule: 8 commits per step whatever the weights
         params = SamplingParams(max_tokens=48 if a.streams > 1 else 256, policy="low_confidence",
                                 steps_per_block=cfg.block_size // 8, ignore_eos=True)
-    prompts = [[10 + (i * 7 + j) % 3000 for j in range(120 + 40 * (i % 4))] for i in range(8)]
+    if a.suite:
+        prompts = [tok.encode(render_prompt(ex, tok)) for t in SUITE for ex in eval_examples(t, a.suite)]
+    else:
+        prompts = [[10 + (i * 7 + j) % 3000 for j in range(120 + 40 * (i % 4))] for i in range(8)]
 
     def single(dec) -> float:
+        if a.suite:  # every prompt, one after another: useful tokens/s
+            start, tokens = time.perf_counter(), 0
+            for p in prompts:
+                tokens += dec.generate(p, params).stats.tokens
+            return tokens / (time.perf_counter() - start)
         r = dec.generate(prompts[0], params)
         return r.stats.wall_time / r.stats.forwards * 1e3
 
@@ -102,14 +125,17 @@ def main() -> None:
         return tokens / (time.perf_counter() - t0)
 
     measure = single if a.streams == 1 else closed_loop
-    outputs = [decoders[side].generate(prompts[0], params).token_ids for side in ("old", "new")]
-    print(f"same tokens: {outputs[0] == outputs[1]}")
+    checked = prompts if a.suite else prompts[:1]
+    outputs = [[decoders[side].generate(p, params).token_ids for p in checked] for side in ("old", "new")]
+    print(f"same tokens: {outputs[0] == outputs[1]} ({len(checked)} prompts)")
     results: dict[str, list[float]] = {"old": [], "new": []}
     for i in range(a.rounds):
         for side in (("old", "new") if i % 2 == 0 else ("new", "old")):
             results[side].append(measure(decoders[side]))
     o, n = statistics.median(results["old"]), statistics.median(results["new"])
-    unit = "ms/forward" if a.streams == 1 else f"aggregate tok/s at {a.streams} streams"
+    unit = "useful tok/s" if a.suite else "ms/forward"
+    if a.streams > 1:
+        unit = f"aggregate tok/s at {a.streams} streams"
     print(f"{a.mode} {a.variant}: old {o:.2f}, new {n:.2f} {unit}; new/old {n / o:.3f}")
     if a.profile:
         from torch.profiler import ProfilerActivity, profile

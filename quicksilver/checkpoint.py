@@ -64,7 +64,7 @@ def save_pretrained(
     cfg = model.config
     cfg.torch_dtype = {v: k for k, v in DTYPES.items()}[dtype]
     cfg.save(folder / "config.json")
-    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # shared with embed_tokens; safetensors stores no aliases
     tmp = folder / "model.safetensors.tmp"

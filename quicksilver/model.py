@@ -139,11 +139,18 @@ class Attention(nn.Module):
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
-        )
-        y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
+        y = self.sdpa(q, k, v, mask).transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)
         return self.o_proj(y), new_kv
+
+    def sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of queries [B, H, T, D] over keys and values [B, KV, S, D] (grouped when KV < H)."""
+        if self.n_kv == self.n_heads:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if q.is_cuda:  # CUDA's memory-efficient kernel (the one that takes a mask) has no grouped-query mode
+            group = self.n_heads // self.n_kv
+            return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                                  attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
     def project_packed(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sel: torch.Tensor | None = None
@@ -189,9 +196,7 @@ class Attention(nn.Module):
                 vi = torch.cat([past[1], vi], dim=2)
             if mask is not None and query_rows is not None:
                 mask = mask[:, :, query_rows[i]]
-            outs.append(F.scaled_dot_product_attention(
-                q[:, :, q_rows], ki, vi, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
-            ))
+            outs.append(self.sdpa(q[:, :, q_rows], ki, vi, mask))
         if not outs:
             return q.new_zeros(1, 0, self.n_heads * self.head_dim), new_kvs
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)

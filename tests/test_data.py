@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from quicksilver.data import MAX_LEN, Sample, sample_at, training_stream
+from quicksilver.data import MAX_LEN, Sample, parallel_training_stream, sample_at, training_stream
 from quicksilver.data import corpus as corpus_mod
 from quicksilver.data.mixture import resolve_mix
 from quicksilver.data.tokenizer_builder import tokenizer_texts
@@ -60,6 +60,25 @@ def test_stream_is_deterministic_and_resumable(fake_corpus, task_tok):
     assert resumed == first[12:]
     other = [_as_tuple(s) for s in itertools.islice(training_stream(tok, seed=8), 30)]
     assert other != first
+
+
+def test_parallel_stream_gives_the_same_samples_in_order(fake_corpus, task_tok, monkeypatch):
+    """Worker processes make the stream a chunk each, ahead of the reader: the same samples, in order, from any
+    start; closing the stream stops them."""
+    import multiprocessing
+    import time
+
+    monkeypatch.setenv("QUICKSILVER_CORPUS_DIR", str(fake_corpus))  # the spawned workers read it at import
+    mix = {**TASK_MIX, "text": 2, "code_text": 1, "fim_code": 1}
+    serial = [_as_tuple(s) for s in itertools.islice(training_stream(task_tok, seed=3, start=17, mix=mix), 70)]
+    stream = parallel_training_stream(task_tok, seed=3, start=17, mix=mix, workers=2, chunk=8)
+    assert [_as_tuple(s) for s in itertools.islice(stream, 70)] == serial
+    assert {s[2] for s in serial} >= {"python_docs", "stdlib_code"}  # the workers read the same corpus
+    stream.close()
+    deadline = time.time() + 30
+    while multiprocessing.active_children() and time.time() < deadline:
+        time.sleep(0.1)
+    assert not multiprocessing.active_children()
 
 
 def test_chat_samples_split_at_the_assistant_turn(task_tok):

@@ -97,11 +97,14 @@ def test_cli_trains_exports_and_plots(tmp_path: Path, capsys):
         (["train", "plot", "{dir}/missing.jsonl", "-o", "{dir}/x.png"], "log not found"),
         (["train", "export", "{dir}"], "usage"),
         (["train", "export", "{dir}", "-o", "{dir}/out"], "no checkpoints"),
+        (["train", "{dir}/ok.yaml", "--run-dir", "{dir}/r", "--device", "meta"], "only cpu and cuda are supported"),
+        (["train", "{dir}/ok.yaml", "--run-dir", "{dir}/r", "--data-workers", "-1"], "data workers must be >= 0"),
     ],
 )
 def test_cli_errors_are_one_line(tmp_path: Path, capsys, argv: list[str], message: str):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**TOY, "train": {"lr": -1}}))
     (tmp_path / "unknown.yaml").write_text(yaml.safe_dump({**TOY, "optimiser": "sgd"}))
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(TOY))
     assert main([a.format(dir=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

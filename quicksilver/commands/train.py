@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop-at-step", type=int, help="checkpoint and stop at this step (schedule unchanged)")
     p.add_argument("--max-time-min", type=float, help="checkpoint and stop after this many minutes")
     p.add_argument("--threads", type=int, help="torch threads per process")
+    p.add_argument("--device", help="where the model trains: cpu (default) or cuda[:N]; one process")
+    p.add_argument("--data-workers", type=int, default=0, metavar="N",
+                   help="processes that make the training samples ahead of the trainer (the same samples; for an "
+                        "accelerator that trains faster than one core renders them). Default 0: inline")
     p.add_argument("--tokenizer", type=Path, help="shared tokenizer folder (built there when missing)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("-o", "--output", type=Path, help="plot: PNG file; export: model folder")
@@ -66,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         run_dir=args.run_dir or Path("runs") / recipe.name, resume=args.resume, init_from=args.init_from,
         new_schedule=args.new_schedule,
         max_steps=args.max_steps, stop_at_step=args.stop_at_step, max_time_min=args.max_time_min,
-        threads=args.threads, tokenizer=args.tokenizer, progress=False if args.no_progress else None,
+        threads=args.threads, device=args.device, data_workers=args.data_workers, tokenizer=args.tokenizer,
+        progress=False if args.no_progress else None,
     )
     result = train(recipe, opts)
     if result.export_dir is not None:

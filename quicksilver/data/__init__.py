@@ -7,7 +7,15 @@ Interface used by training::
         sample.prompt_ids, sample.response_ids
 """
 
-from quicksilver.data.mixture import DEFAULT_MIX, MAX_LEN, Sample, sample_at, training_stream
+from quicksilver.data.mixture import (
+    DEFAULT_MIX,
+    MAX_LEN,
+    Sample,
+    parallel_training_stream,
+    sample_at,
+    training_stream,
+)
 from quicksilver.data.tokenizer_builder import build_tokenizer
 
-__all__ = ["DEFAULT_MIX", "MAX_LEN", "Sample", "build_tokenizer", "sample_at", "training_stream"]
+__all__ = ["DEFAULT_MIX", "MAX_LEN", "Sample", "build_tokenizer", "parallel_training_stream", "sample_at",
+           "training_stream"]

@@ -6,8 +6,11 @@ resumed at any index in O(1) and two processes reading the same index agree.
 
 from __future__ import annotations
 
+import multiprocessing
 import random
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from quicksilver.tokenizer import Tokenizer
@@ -209,3 +212,45 @@ def training_stream(
     while True:
         yield sample_at(tokenizer, seed, index, weights, max_len)
         index += 1
+
+
+# -- the same stream, made by several processes ------------------------------------------------------------
+
+_worker_args: tuple | None = None  # (tokenizer, seed, weights, max_len), set in each worker process
+
+
+def _init_worker(tokenizer_json: str, tokenizer_config: dict, seed: int, weights: dict[str, float],
+                 max_len: int) -> None:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    global _worker_args
+    _worker_args = (Tokenizer(HFTokenizer.from_str(tokenizer_json), tokenizer_config), seed, weights, max_len)
+
+
+def _samples(start: int, count: int) -> list[Sample]:
+    tokenizer, seed, weights, max_len = _worker_args
+    return [sample_at(tokenizer, seed, i, weights, max_len) for i in range(start, start + count)]
+
+
+def parallel_training_stream(
+    tokenizer: Tokenizer, seed: int, start: int = 0, mix: dict[str, float] | None = None, max_len: int = MAX_LEN,
+    workers: int = 2, chunk: int = 128,
+) -> Iterator[Sample]:
+    """:func:`training_stream`, sample for sample, made by ``workers`` processes that each render and tokenise
+    ``chunk`` consecutive samples at a time, at most two chunks per worker ahead of the reader. Workers are
+    spawned (not forked: the parent holds OpenMP and tokenizer threads) and stop when the stream is closed."""
+    weights = resolve_mix(mix)
+    pool = ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+        initargs=(tokenizer.backend.to_str(), tokenizer.config, seed, weights, max_len),
+    )
+    pending: deque = deque()
+    next_start = start
+    try:
+        while True:
+            while len(pending) < 2 * workers:
+                pending.append(pool.submit(_samples, next_start, chunk))
+                next_start += chunk
+            yield from pending.popleft().result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

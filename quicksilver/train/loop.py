@@ -21,6 +21,7 @@ import torch
 
 from quicksilver.checkpoint import load_pretrained, save_pretrained
 from quicksilver.config import ModelConfig
+from quicksilver.devices import resolve_device
 from quicksilver.model import Transformer, init_std_scaled
 from quicksilver.sampling import SamplingParams
 from quicksilver.tokenizer import RAINBOW_PADS, Tokenizer
@@ -46,6 +47,8 @@ class TrainOptions:
     stop_at_step: int | None = None  # stop (with a checkpoint) at this step without ending the schedule
     max_time_min: float | None = None  # stop (with a checkpoint) after this much wall time
     threads: int | None = None
+    device: str | None = None  # where the model trains: cpu (default) or cuda[:N]; the data stays on the CPU
+    data_workers: int = 0  # processes that generate the sample stream ahead of the packer (0: inline)
     tokenizer: Path | None = None  # shared tokenizer folder (built there when missing)
     progress: bool | None = None  # rich progress bar; default: when stderr is a terminal
     export: bool = True  # write <run_dir>/export at the end
@@ -83,14 +86,19 @@ def build_model(cfg: ModelConfig, seed: int) -> Transformer:
     return model
 
 
-def stream_factory(recipe: Recipe, tok: Tokenizer, rank: int) -> Callable[[int], Iterator[Any]]:
+def stream_factory(recipe: Recipe, tok: Tokenizer, rank: int, workers: int = 0) -> Callable[[int], Iterator[Any]]:
+    """The rank's sample stream from a given sample index. With ``workers`` > 0 the samples of the corpus
+    stream are made by that many processes (the same samples, in the same order: sample i depends only on the
+    seed and i), for an accelerator that trains faster than one CPU core renders and tokenises."""
     seed = recipe.data.seed + 1_000_003 * rank  # ranks read disjoint, reproducible streams
     if recipe.data.source == "synthetic":
         from quicksilver.train.synthetic import toy_stream
 
         return lambda start: toy_stream(tok, seed, start, recipe.data.mix)
-    from quicksilver.data import training_stream  # the corpus is heavy: import only when used
+    from quicksilver.data import parallel_training_stream, training_stream  # the corpus is heavy: import when used
 
+    if workers > 0:
+        return lambda start: parallel_training_stream(tok, seed, start=start, mix=recipe.data.mix, workers=workers)
     return lambda start: training_stream(tok, seed, start=start, mix=recipe.data.mix)
 
 
@@ -233,6 +241,13 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     threads = opts.threads or tr.threads
     if threads:
         torch.set_num_threads(threads)
+    device = resolve_device(opts.device)
+    if device.type != "cpu" and world.distributed:
+        raise ValueError("multi-process training runs on the CPU (gloo); train on one accelerator at a time")
+    if device.type == "cuda":  # the same attention kernels as inference there (quicksilver.devices.place_model)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    if opts.data_workers < 0:
+        raise ValueError(f"data workers must be >= 0, got {opts.data_workers}")
     run_dir = opts.run_dir
     total = opts.max_steps or tr.max_steps
     if opts.resume and opts.init_from is not None:
@@ -251,12 +266,12 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         tok.save(run_dir / "tokenizer")
         (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     cfg = model_config(recipe, tok)
-    model = build_model(cfg, tr.seed)
+    model = build_model(cfg, tr.seed).to(device)  # initialised on the CPU: the same weights on every device
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": tr.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tr.lr, betas=tr.betas, fused=False,
+        lr=tr.lr, betas=tr.betas, fused=device.type == "cuda",
     )
     gen = torch.Generator().manual_seed(tr.seed * 1000 + world.rank)
     step, tokens_seen, samples_seen, train_seconds = 0, 0, 0, 0.0
@@ -300,24 +315,35 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     ddp.broadcast_parameters(model, world)
 
     packer = RowPacker(
-        stream_factory(recipe, tok, world.rank), positions[world.rank], recipe.data.seq_len, tr.batch_size,
+        stream_factory(recipe, tok, world.rank, opts.data_workers), positions[world.rank], recipe.data.seq_len,
+        tr.batch_size,
         eos_id=tok.eos_id, pad_ids=list(cfg.stop_token_ids), filler_id=tok.pad_id, block_size=cfg.block_size,
     )
     loss_fn = LOSSES[recipe.objective]
     noise = NoiseSettings(tr.t_min, tr.t_max, tr.weighting, recipe.data.pad_weight, tr.ar_weight, tr.draft_fraction,
                           tr.draft_span)
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if tr.bf16 else nullcontext
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if tr.bf16 else nullcontext
     reporter = _Reporter(run_dir, world.is_main, opts.progress, total, step)
     reporter.event(event="resume" if resume_path else ("init_from" if opts.init_from else "start"), step=step,
                    world_size=world.size, params=model.num_parameters(), threads=torch.get_num_threads(),
+                   device=str(device), data_workers=opts.data_workers,
                    checkpoint=str(resume_path) if resume_path else None)
     result = TrainResult(step=step, run_dir=run_dir)
     session_start, session_tokens = time.time(), 0
     stop_at = min(total, opts.stop_at_step or total)
     last_saved = step
 
+    # The next batch is packed while the current one computes (on an accelerator the work is queued, and the CPU
+    # would otherwise wait for it). Checkpoints record the samples the finished steps consumed, not the packer's
+    # position, so a resume is exact.
+    ahead: tuple[Any, int] | None = None
+    data_position = packer.position
+
+    def fetch() -> tuple[Any, int]:
+        return packer.next_batch().to(device), packer.position
+
     def checkpoint_state() -> dict[str, Any]:
-        all_positions = ddp.gather(packer.position, world)
+        all_positions = ddp.gather(data_position, world)
         noise_states = ddp.gather(gen.get_state(), world)
         return {
             "step": step, "max_steps": total, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -343,11 +369,13 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
             loss_sum = ce_sum = 0.0
             step_samples = 0
             for _ in range(tr.grad_accum):
-                batch = packer.next_batch()
+                batch, data_position = ahead or fetch()
+                ahead = None
                 step_samples += batch.samples
                 with autocast():
                     out = loss_fn(model, batch, noise, gen)
                 (out.loss / tr.grad_accum).backward()
+                ahead = fetch()
                 loss_sum += float(out.loss.detach())
                 ce_sum += out.ce
             ddp.average_gradients(model, world)

@@ -65,6 +65,12 @@ def _region_weight(batch: Batch, pad_weight: float) -> torch.Tensor:
     return w + (batch.region == PAD).float() * pad_weight
 
 
+def _uniform(shape: tuple[int, ...], gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """U(0, 1) draws from the CPU generator, moved to ``device``: the same noise on every device, and the
+    generator's state (checkpointed for an exact resume) does not depend on where the model runs."""
+    return torch.rand(shape, generator=gen).to(device)
+
+
 def _noise_levels(keys: torch.Tensor, n_keys: int, s: NoiseSettings, gen: torch.Generator) -> torch.Tensor:
     """t for every token from one level per (row, key); antithetic (stratified) across the batch."""
     b = keys.shape[0]
@@ -72,7 +78,7 @@ def _noise_levels(keys: torch.Tensor, n_keys: int, s: NoiseSettings, gen: torch.
     u = (torch.rand(1, generator=gen) + torch.arange(count) / count) % 1.0
     u = u[torch.randperm(count, generator=gen)].view(b, n_keys)
     t = s.t_min + (s.t_max - s.t_min) * u
-    return t.gather(1, keys)
+    return t.to(keys.device).gather(1, keys)
 
 
 def _masked_loss(
@@ -93,7 +99,7 @@ def mdlm_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Gen
     weight = _region_weight(batch, s.pad_weight)
     n_docs = int(batch.doc.max()) + 1
     t = _noise_levels(batch.doc, n_docs, s, gen)
-    masked = (torch.rand(batch.ids.shape, generator=gen) < t) & (weight > 0)
+    masked = (_uniform(batch.ids.shape, gen, batch.ids.device) < t) & (weight > 0)
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
     mask = batch.same_doc().unsqueeze(1)
     hidden, _ = model(noisy, batch.positions, mask=mask)
@@ -143,7 +149,7 @@ def block_prediction_rows(
     hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs, model.config.causal_context, cut, stop))
     if not model.config.token_shift:
         return hidden[:, :L], hidden[:, L:]
-    idx = torch.arange(L).expand_as(batch.positions)
+    idx = torch.arange(L, device=batch.positions.device).expand_as(batch.positions)
     src = torch.where(batch.positions % bs == 0, L + idx - 1, idx - 1).clamp_min(0)
     return hidden.gather(1, src.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])), hidden[:, L:]
 
@@ -156,11 +162,11 @@ def _draft_cuts(
     b = key.shape[0]
     start = torch.div(batch.positions, bs, rounding_mode="floor") * bs
     big = torch.iinfo(torch.long).max
-    first = torch.full((b, n_keys), big, dtype=torch.long)
+    first = torch.full((b, n_keys), big, dtype=torch.long, device=key.device)
     first.scatter_reduce_(1, key, torch.where(weight > 0, batch.positions, big), reduce="amin")
     lo = torch.maximum(first.gather(1, key), start)
-    drawn = (torch.rand(b, n_keys, generator=gen) < fraction).gather(1, key) & (lo < big)
-    u = torch.rand(b, n_keys, generator=gen).gather(1, key)
+    drawn = (_uniform((b, n_keys), gen, key.device) < fraction).gather(1, key) & (lo < big)
+    u = _uniform((b, n_keys), gen, key.device).gather(1, key)
     span = (start + bs - lo).clamp_min(1)
     cut = torch.where(drawn, lo + (u * span).long().clamp_max(span - 1), start)
     return drawn, cut
@@ -174,7 +180,7 @@ def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Ge
     key = batch.doc * blocks_per_doc + torch.div(batch.positions, bs, rounding_mode="floor")
     n_keys = int(key.max()) + 1
     t = _noise_levels(key, n_keys, s, gen)
-    masked = (torch.rand(batch.ids.shape, generator=gen) < t) & (weight > 0)
+    masked = (_uniform(batch.ids.shape, gen, batch.ids.device) < t) & (weight > 0)
     cut, stop, scored = None, None, masked
     if s.draft_fraction > 0:
         if not (model.config.causal_context and model.config.token_shift):

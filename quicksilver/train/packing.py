@@ -39,6 +39,10 @@ class Batch:
     def tokens(self) -> int:
         return self.ids.numel()
 
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.ids.to(device), self.positions.to(device), self.doc.to(device), self.region.to(device),
+                     self.samples)
+
     def same_doc(self) -> torch.Tensor:
         """[B, L, L] True where query and key are in the same segment."""
         return self.doc.unsqueeze(-1) == self.doc.unsqueeze(-2)
