@@ -110,14 +110,11 @@ def concurrency_sweep(
     requests_per_level: int,
     min_requests_per_client: int = 3,
 ) -> list[dict]:
-    """One engine per level; each level serves ``requests_per_level`` requests but at least
-    ``min_requests_per_client`` per client (so the engine runs full for a while before the drain), cycling
-    through ``prompts``."""
-    out = []
-    for n in levels:
-        requests = max(requests_per_level, n * max(1, min_requests_per_client))
-        out.append(asyncio.run(_level(loaded, params, prompts, n, requests)))
-    return out
+    """One engine per level. Every level serves the same requests, so their rates compare like with like:
+    ``requests_per_level`` of them, but at least ``min_requests_per_client`` per client of the busiest level (so
+    the engine runs full for a while before the drain), cycling through ``prompts``."""
+    requests = max(requests_per_level, max(levels, default=1) * max(1, min_requests_per_client))
+    return [asyncio.run(_level(loaded, params, prompts, n, requests)) for n in levels]
 
 
 def with_model(loaded: LoadedModel, model) -> LoadedModel:
