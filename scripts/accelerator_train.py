@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=12, help="data processes per run")
     ap.add_argument("--runs", type=Path, default=Path("/tmp/qs-runs"), help="scratch folder for the runs")
     ap.add_argument("--calibration-steps", type=int, default=30)
+    ap.add_argument("--slack", type=float, default=0.75, help="minutes a phase may run past the budget before it "
+                    "stops early")
     ap.add_argument("--recipes", type=Path, default=RECIPES, help="folder with ar-twin-14m.yaml and "
                     "default-14m-from-ar.yaml (tests pass smaller ones)")
     a = ap.parse_args()
@@ -97,14 +99,22 @@ def main() -> None:
     # 2. the twin: one AR run of 2 x steps, one cosine, stopped (checkpoint + export) half way for the fork;
     # 3. the default: block diffusion from the fork's weights over the next `steps` batches (its own schedule);
     # 4. the twin resumed exactly to its end over those same batches (the export records the data position)
+    # Each phase also stops (with a checkpoint and an export) if it would overrun the budget by more than
+    # `--slack` minutes, so the command ends in time even if the calibration was optimistic: the models then come
+    # back with their schedules unfinished, which the summary shows (steps below 2N / N).
+    def minutes_left() -> float:
+        return max(0.1, a.minutes + a.slack - (time.time() - t_start) / 60)
+
     t0 = time.time()
-    fork = train(ar_recipe, TrainOptions(run_dir=a.runs / "twin", max_steps=2 * steps, stop_at_step=steps, **common))
+    fork = train(ar_recipe, TrainOptions(run_dir=a.runs / "twin", max_steps=2 * steps, stop_at_step=steps,
+                                         max_time_min=minutes_left(), **common))
     fork_dir = fork.export_dir.rename(a.runs / "fork")
     t1 = time.time()
     default = train(block_recipe, TrainOptions(run_dir=a.runs / "default", init_from=fork_dir, max_steps=steps,
-                                               **common))
+                                               max_time_min=minutes_left(), **common))
     t2 = time.time()
-    twin = train(ar_recipe, TrainOptions(run_dir=a.runs / "twin", resume=True, max_steps=2 * steps, **common))
+    twin = train(ar_recipe, TrainOptions(run_dir=a.runs / "twin", resume=True, max_steps=2 * steps,
+                                         max_time_min=minutes_left(), **common))
     t3 = time.time()
     summary.update(fork_seconds=round(t1 - t0, 1), default_seconds=round(t2 - t1, 1), twin_seconds=round(t3 - t2, 1),
                    default_step=default.step, twin_step=twin.step,
