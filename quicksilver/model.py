@@ -146,7 +146,7 @@ class Attention(nn.Module):
         """Attention of queries [B, H, T, D] over keys and values [B, KV, S, D] (grouped when KV < H)."""
         if self.n_kv == self.n_heads:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        if q.is_cuda:  # CUDA's memory-efficient kernel (the one that takes a mask) has no grouped-query mode
+        if q.is_cuda and mask is not None:  # CUDA's memory-efficient kernel (it takes masks) has no grouped mode
             group = self.n_heads // self.n_kv
             return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
                                                   attn_mask=mask)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import tarfile
 import time
 from pathlib import Path
@@ -34,10 +33,14 @@ PART_BYTES = 15 * 2**20
 
 
 def step_seconds(run_dir: Path, skip: int) -> float:
-    """Median seconds per step in a run's log, after ``skip`` warm-up steps."""
-    steps = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
-    times = [r["step_s"] for r in steps if "step_s" in r and r["step"] > skip]
-    return statistics.median(times)
+    """Seconds per step in a run's log between its first logged step after ``skip`` and its last (the recipe logs
+    every step in the calibration)."""
+    steps = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "train_seconds" in r
+             and "step" in r and r["step"] > skip and "loss" in r]
+    first, last = steps[0], steps[-1]
+    if last["step"] == first["step"]:
+        return last["step_s"]
+    return (last["train_seconds"] - first["train_seconds"]) / (last["step"] - first["step"])
 
 
 def pack(folder: Path, name: str, out: Path) -> list[str]:
@@ -73,8 +76,15 @@ def main() -> None:
     t_start = time.time()
     a.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(a.runs, ignore_errors=True)
-    ar_recipe = Recipe.load(a.recipes / "ar-twin-14m.yaml")
-    block_recipe = Recipe.load(a.recipes / "default-14m-from-ar.yaml")
+    if a.calibration_steps < 3:
+        ap.error("--calibration-steps must be >= 3")
+
+    def load(name: str) -> Recipe:  # log every step; no mid-run checkpoints: only $OUT comes back
+        r = Recipe.load(a.recipes / name).model_dump(mode="json")
+        r["train"].update(log_every=1, checkpoint_every=10**9)
+        return Recipe.from_dict(r, source=name)
+
+    ar_recipe, block_recipe = load("ar-twin-14m.yaml"), load("default-14m-from-ar.yaml")
     common = dict(device=a.device, data_workers=a.workers, tokenizer=TOKENIZER, progress=False)
     summary: dict = {"device": a.device, "workers": a.workers, "budget_minutes": a.minutes}
 
@@ -88,9 +98,10 @@ def main() -> None:
                                      stop_at_step=n, export=False, **common))
     t2 = time.time()
     s_ar, s_block = step_seconds(a.runs / "calib-ar", skip), step_seconds(a.runs / "calib-block", skip)
-    overhead = max(t1 - t0 - n * s_ar, t2 - t1 - n * s_block, 5.0)  # start-up, data workers, export
+    # fixed cost of a run: start-up, data workers, export (calib-ar's also holds the device's start-up)
+    overhead = max(t2 - t1 - n * s_block, 5.0)
     spent = time.time() - t_start
-    steps = max(10, int((a.minutes * 60 - spent - 4 * overhead) / (2 * s_ar + s_block)))
+    steps = max(10, int((a.minutes * 60 - spent - 3 * overhead) / (2 * s_ar + s_block)))
     summary.update(calibration_seconds=round(spent, 1), ar_step_s=s_ar, block_step_s=s_block,
                    run_overhead_s=round(overhead, 1), steps_each=steps)
     print(f"calibrated in {spent:.0f} s: AR {s_ar * 1e3:.1f} ms/step, block {s_block * 1e3:.1f} ms/step, "
@@ -112,6 +123,8 @@ def main() -> None:
     t1 = time.time()
     default = train(block_recipe, TrainOptions(run_dir=a.runs / "default", init_from=fork_dir, max_steps=steps,
                                                max_time_min=minutes_left(), **common))
+    parts = pack(default.export_dir, "default", a.out)  # back even if the twin's phase fails
+    write_logs(a.runs, a.out, summary)
     t2 = time.time()
     twin = train(ar_recipe, TrainOptions(run_dir=a.runs / "twin", resume=True, max_steps=2 * steps,
                                          max_time_min=minutes_left(), **common))
@@ -119,14 +132,20 @@ def main() -> None:
     summary.update(fork_seconds=round(t1 - t0, 1), default_seconds=round(t2 - t1, 1), twin_seconds=round(t3 - t2, 1),
                    default_step=default.step, twin_step=twin.step,
                    tokens_per_step=ar_recipe.train.batch_size * ar_recipe.data.seq_len)
-    parts = pack(default.export_dir, "default", a.out) + pack(twin.export_dir, "ar-twin", a.out)
+    parts += pack(twin.export_dir, "ar-twin", a.out)
     summary.update(parts=parts, total_seconds=round(time.time() - t_start, 1))
-    (a.runs / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    with tarfile.open(a.out / "logs.tar.gz", "w:gz") as tar:
-        tar.add(a.runs / "summary.json", arcname="summary.json")
-        for run in ("calib-ar", "calib-block", "twin", "default"):
-            tar.add(a.runs / run / "log.jsonl", arcname=f"{run}.log.jsonl")
+    write_logs(a.runs, a.out, summary)
     print(json.dumps(summary), flush=True)
+
+
+def write_logs(runs: Path, out: Path, summary: dict) -> None:
+    """``logs.tar.gz``: the summary so far and every run's log."""
+    (runs / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        tar.add(runs / "summary.json", arcname="summary.json")
+        for run in ("calib-ar", "calib-block", "twin", "default"):
+            if (runs / run / "log.jsonl").is_file():
+                tar.add(runs / run / "log.jsonl", arcname=f"{run}.log.jsonl")
 
 
 if __name__ == "__main__":

@@ -221,8 +221,19 @@ _worker_args: tuple | None = None  # (tokenizer, seed, weights, max_len), set in
 
 def _init_worker(tokenizer_json: str, tokenizer_config: dict, seed: int, weights: dict[str, float],
                  max_len: int) -> None:
+    import os
+    import signal
+    import threading
+
     from tokenizers import Tokenizer as HFTokenizer
 
+    # Ctrl-C and SIGTERM are the trainer's to handle (it checkpoints, then closes the pool); a worker that took them
+    # would crash the trainer's wait for its chunk. And a worker must not outlive a trainer that was killed.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
     global _worker_args
     _worker_args = (Tokenizer(HFTokenizer.from_str(tokenizer_json), tokenizer_config), seed, weights, max_len)
 
@@ -238,7 +249,8 @@ def parallel_training_stream(
 ) -> Iterator[Sample]:
     """:func:`training_stream`, sample for sample, made by ``workers`` processes that each render and tokenise
     ``chunk`` consecutive samples at a time, at most two chunks per worker ahead of the reader. Workers are
-    spawned (not forked: the parent holds OpenMP and tokenizer threads) and stop when the stream is closed."""
+    spawned (not forked: the parent holds OpenMP and tokenizer threads), so the calling program needs the usual
+    ``if __name__ == "__main__"`` guard; they stop when the stream is closed or the parent dies."""
     weights = resolve_mix(mix)
     pool = ProcessPoolExecutor(
         workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,

@@ -285,6 +285,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
             raise ValueError(f"{resume_path}: saved with {len(ckpt['data_positions'])} processes, "
                              f"resumed with {world.size}")
         model.load_state_dict(ckpt["model"])
+        for group in ckpt["optimizer"]["param_groups"]:  # the kernel follows this run's device, not the saved one
+            group["fused"] = device.type == "cuda"
         optimizer.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["noise_rng"][world.rank])
         torch.set_rng_state(ckpt["torch_rng"])
