@@ -21,7 +21,7 @@ import torch
 
 from quicksilver.checkpoint import load_pretrained, save_pretrained
 from quicksilver.config import ModelConfig
-from quicksilver.devices import resolve_device
+from quicksilver.devices import place_model, resolve_device
 from quicksilver.model import Transformer, init_std_scaled
 from quicksilver.sampling import SamplingParams
 from quicksilver.tokenizer import RAINBOW_PADS, Tokenizer
@@ -244,8 +244,6 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     device = resolve_device(opts.device)
     if device.type != "cpu" and world.distributed:
         raise ValueError("multi-process training runs on the CPU (gloo); train on one accelerator at a time")
-    if device.type == "cuda":  # the same attention kernels as inference there (quicksilver.devices.place_model)
-        torch.backends.cuda.enable_cudnn_sdp(False)
     if opts.data_workers < 0:
         raise ValueError(f"data workers must be >= 0, got {opts.data_workers}")
     run_dir = opts.run_dir
@@ -266,7 +264,7 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         tok.save(run_dir / "tokenizer")
         (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     cfg = model_config(recipe, tok)
-    model = build_model(cfg, tr.seed).to(device)  # initialised on the CPU: the same weights on every device
+    model = place_model(build_model(cfg, tr.seed), device)  # initialised on the CPU: the same weights anywhere
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
