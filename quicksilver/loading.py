@@ -25,9 +25,9 @@ def shipped_models() -> list[str]:
     return sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
 
 
-def resolve_model_path(name_or_path: str | None) -> Path:
+def resolve_model_path(name_or_path: str | Path | None) -> Path:
     """A shipped model's name ("default", "ar-twin") or a folder path -> the folder."""
-    name = name_or_path or DEFAULT_MODEL
+    name = str(name_or_path) if name_or_path else DEFAULT_MODEL
     candidate = MODELS_DIR / name
     if "/" not in name and (candidate / "config.json").is_file():
         return candidate
@@ -43,7 +43,7 @@ def resolve_model_path(name_or_path: str | None) -> Path:
 
 
 def load_model(
-    name_or_path: str | None = None,
+    name_or_path: str | Path | None = None,
     dtype: torch.dtype | None = None,
     precision: str | None = None,
     device: str | torch.device | None = None,

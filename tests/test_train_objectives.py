@@ -264,6 +264,61 @@ def test_causal_context_clean_stream_is_the_ar_model_and_ar_weight_adds_its_loss
         LOSSES["block"](plain, batch, NoiseSettings(ar_weight=1.0), torch.Generator())
 
 
+def test_distillation_adds_the_causal_streams_kl_from_the_teacher():
+    """``distill_weight`` adds KL(teacher || model) of the causal stream's next-token distributions over answer
+    tokens: zero when the teacher is the model itself, positive and the same in the block and AR objectives
+    (whose causal streams compute the same thing) when it is another model."""
+    tok = tiny_tokenizer()
+    cfg = model_config(shifted_block_recipe(True), tok)
+    model, other = build_model(cfg, 0).eval(), build_model(cfg, 1).eval()
+    batch = toy_batch(tok, cfg, 7, 2)
+    s, d = NoiseSettings(ar_weight=0.0), NoiseSettings(ar_weight=0.0, distill_weight=2.0)
+    with torch.no_grad():
+        base = LOSSES["block"](model, batch, s, torch.Generator().manual_seed(3)).loss
+        same = LOSSES["block"](model, batch, d, torch.Generator().manual_seed(3), model).loss
+        taught = LOSSES["block"](model, batch, d, torch.Generator().manual_seed(3), other).loss
+        ar_base = LOSSES["ar"](model, batch, s, torch.Generator()).loss
+        ar_taught = LOSSES["ar"](model, batch, d, torch.Generator(), other).loss
+    assert torch.allclose(same, base, atol=1e-5)
+    kl = taught - base
+    assert kl > 0.01
+    assert torch.allclose(ar_taught - ar_base, kl, atol=1e-4)
+    with pytest.raises(ValueError, match="teacher"):
+        LOSSES["block"](model, batch, d, torch.Generator())
+    with pytest.raises(ValueError, match="causal stream"):
+        LOSSES["mdlm"](model, batch, d, torch.Generator(), other)
+
+
+def test_distillation_holds_the_causal_stream_to_the_teacher(tmp_path: Path):
+    """Block training moves the causal stream away from the weights' starting point; with the distillation term
+    (the teacher being those weights) it stays much closer."""
+    from quicksilver.checkpoint import save_pretrained
+    from quicksilver.train.loop import generation_defaults, load_teacher
+
+    tok = tiny_tokenizer()
+    recipe = shifted_block_recipe(True, max_steps=30)
+    cfg = model_config(recipe, tok)
+    teacher_dir = tmp_path / "teacher"
+    save_pretrained(teacher_dir, build_model(cfg, recipe.train.seed), tok, generation_defaults(recipe, cfg),
+                    dtype=torch.float32)
+    teacher = load_teacher(str(teacher_dir), cfg, torch.device("cpu"))
+    batch = toy_batch(tok, cfg, 11, 2)
+
+    def kl_to_teacher(model) -> float:
+        with torch.no_grad():
+            return float(LOSSES["ar"](model, batch, NoiseSettings(distill_weight=1.0), torch.Generator(), teacher).loss
+                         - LOSSES["ar"](model, batch, NoiseSettings(), torch.Generator()).loss)
+
+    assert kl_to_teacher(build_model(cfg, recipe.train.seed)) < 1e-5  # the run starts from the teacher's weights
+    free = train(recipe, TrainOptions(run_dir=tmp_path / "free", progress=False, export=False)).model
+    held = shifted_block_recipe(True, max_steps=30, distill_weight=20.0, teacher=str(teacher_dir))
+    held = train(held, TrainOptions(run_dir=tmp_path / "held", progress=False, export=False)).model
+    assert kl_to_teacher(free) > 0.05
+    assert kl_to_teacher(held) < 0.5 * kl_to_teacher(free)
+    with pytest.raises(ValueError, match="teacher"):
+        shifted_block_recipe(True, distill_weight=1.0)
+
+
 def test_token_shift_is_only_for_the_block_objective():
     from quicksilver.train.synthetic import TOY_RECIPE
 

@@ -26,6 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     stats.add_argument("--seed", type=int, default=0)
     stats.add_argument("--recipe", help="measure the mixture of this training recipe (default: the package's)")
     stats.add_argument("--json", dest="json_out", help="write to this file (default: stdout)")
+    answers = actions.add_parser(
+        "answers", help="a model's own greedy answers to training-split task prompts, as a samples file (JSONL)")
+    answers.add_argument("--model", default="default", help="model folder or shipped name")
+    answers.add_argument("--n", type=int, required=True, help="prompts to answer")
+    answers.add_argument("--start", type=int, default=0, help="first prompt index (split a job across processes)")
+    answers.add_argument("--recipe", help="draw tasks with this recipe's mixture weights (default: the suite, evenly)")
+    answers.add_argument("--batch-size", type=int, default=16)
+    answers.add_argument("--threads", type=int, default=1)
+    answers.add_argument("-o", "--out", required=True, help="JSON-lines file to write")
     p.set_defaults(func=run)
 
 
@@ -41,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:12s} {size}")
         print(f"corpus in {CORPUS_DIR}", file=sys.stderr)
         return 0
+    if args.action == "answers":
+        return _answers(args)
     if args.action == "tokenizer":
         from quicksilver.data import build_tokenizer
 
@@ -70,6 +81,40 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.json_out}", file=sys.stderr)
     else:
         print(text)
+    return 0
+
+
+def _answers(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    import torch
+
+    from quicksilver.data.self_answers import self_answers
+    from quicksilver.loading import load_model
+
+    if args.n < 1 or args.start < 0 or args.batch_size < 1 or args.threads < 1:
+        raise ValueError("--n, --batch-size and --threads must be >= 1 and --start >= 0")
+    mix = None
+    if args.recipe:
+        from quicksilver.train.recipe import Recipe
+
+        mix = Recipe.load(args.recipe).data.mix
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    started, kept, cut, tokens = time.perf_counter(), 0, 0, 0
+    with open(args.out, "w") as f:
+        for sample, _finish in self_answers(loaded, args.n, args.start, mix, batch_size=args.batch_size):
+            if not sample.response_ids:
+                cut += 1
+                continue
+            f.write(json.dumps({"source": sample.source, "prompt_ids": sample.prompt_ids,
+                                "response_ids": sample.response_ids}) + "\n")
+            kept += 1
+            tokens += len(sample.response_ids)
+    seconds = time.perf_counter() - started
+    print(f"wrote {kept} samples ({tokens} answer tokens) to {args.out}; {cut} answers cut by their budget dropped; "
+          f"{seconds:.0f} s", file=sys.stderr)
     return 0
 
 

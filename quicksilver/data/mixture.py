@@ -6,12 +6,14 @@ resumed at any index in O(1) and two processes reading the same index agree.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from quicksilver.tokenizer import Tokenizer
 
@@ -36,6 +38,8 @@ DEFAULT_MIX: dict[str, float] = {
     "fim_code": 0.03,
 }
 CORPUS_KINDS = ("text", "code_text", "fim_code")
+# pre-tokenised samples from a file (``load_samples``), e.g. a model's own answers to task prompts
+FILE_KIND = "samples"
 COPY_TOKENS = (8, 80)
 INDUCTION_WORDS = (3, 10)  # distinct words per sample
 INDUCTION_TOKENS = (48, 192)
@@ -59,7 +63,7 @@ def resolve_mix(mix: dict[str, float] | None) -> dict[str, float]:
     from the default mixture only."""
     from quicksilver.tasks import TASKS
 
-    known = set(TASKS) | set(CORPUS_KINDS) | set(SYNTHETIC_KINDS)
+    known = set(TASKS) | set(CORPUS_KINDS) | set(SYNTHETIC_KINDS) | {FILE_KIND}
     if mix is None:
         mix = {k: v for k, v in DEFAULT_MIX.items() if k in known}
     unknown = sorted(set(mix) - known)
@@ -71,6 +75,30 @@ def resolve_mix(mix: dict[str, float] | None) -> dict[str, float]:
     if not mix:
         raise ValueError("mixture is empty")
     return mix
+
+
+def load_samples(path: str | Path) -> list[Sample]:
+    """Samples from a JSON-lines file of ``{"prompt_ids": [...], "response_ids": [...], "source": ...}``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: samples file not found")
+    samples = []
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                sample = Sample([int(t) for t in row["prompt_ids"]], [int(t) for t in row["response_ids"]],
+                                str(row.get("source", FILE_KIND)))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{n}: not a sample ({exc})") from None
+            if not sample.response_ids:
+                raise ValueError(f"{path}:{n}: empty response")
+            samples.append(sample)
+    if not samples:
+        raise ValueError(f"{path}: no samples")
+    return samples
 
 
 def _weighted(rng: random.Random, weights: dict[str, float]) -> str:
@@ -181,10 +209,17 @@ def task_sample(rng: random.Random, tokenizer: Tokenizer, name: str, split: str 
     return Sample(tokenizer.encode(prompt), tokenizer.encode(response), name)
 
 
-def sample_at(tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float], max_len: int = MAX_LEN) -> Sample:
-    """Sample ``index`` of the stream: a function of (seed, index) only (given the corpus and code)."""
+def sample_at(
+    tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float], max_len: int = MAX_LEN,
+    samples: Sequence[Sample] | None = None,
+) -> Sample:
+    """Sample ``index`` of the stream: a function of (seed, index) only (given the corpus, ``samples`` and code)."""
     rng = random.Random(f"{seed}:{index}")
     name = _weighted(rng, mix)
+    if name == FILE_KIND:
+        if not samples:
+            raise ValueError(f"the mixture names {FILE_KIND!r} but no samples file was given (data.samples)")
+        return samples[rng.randrange(len(samples))]
     if name in SYNTHETIC:
         return SYNTHETIC[name](rng, tokenizer)
     if name in CORPUS_KINDS:
@@ -192,7 +227,7 @@ def sample_at(tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float]
         if sample is not None:
             return sample
         # corpus absent on this machine: fall back to the tasks of the mixture
-        tasks = {k: v for k, v in mix.items() if k not in CORPUS_KINDS + SYNTHETIC_KINDS}
+        tasks = {k: v for k, v in mix.items() if k not in (*CORPUS_KINDS, *SYNTHETIC_KINDS, FILE_KIND)}
         if not tasks:
             raise RuntimeError("the mixture has only corpus entries and none gave a sample (corpus absent?)")
         name = _weighted(rng, tasks)
@@ -204,23 +239,24 @@ def sample_at(tokenizer: Tokenizer, seed: int, index: int, mix: dict[str, float]
 
 
 def training_stream(
-    tokenizer: Tokenizer, seed: int, start: int = 0, mix: dict[str, float] | None = None, max_len: int = MAX_LEN
+    tokenizer: Tokenizer, seed: int, start: int = 0, mix: dict[str, float] | None = None, max_len: int = MAX_LEN,
+    samples: Sequence[Sample] | None = None,
 ) -> Iterator[Sample]:
     """Infinite, deterministic stream of training samples; resuming at ``start`` costs nothing."""
     weights = resolve_mix(mix)
     index = start
     while True:
-        yield sample_at(tokenizer, seed, index, weights, max_len)
+        yield sample_at(tokenizer, seed, index, weights, max_len, samples)
         index += 1
 
 
 # -- the same stream, made by several processes ------------------------------------------------------------
 
-_worker_args: tuple | None = None  # (tokenizer, seed, weights, max_len), set in each worker process
+_worker_args: tuple | None = None  # (tokenizer, seed, weights, max_len, samples), set in each worker process
 
 
 def _init_worker(tokenizer_json: str, tokenizer_config: dict, seed: int, weights: dict[str, float],
-                 max_len: int) -> None:
+                 max_len: int, samples: Sequence[Sample] | None) -> None:
     import os
     import signal
     import threading
@@ -235,17 +271,18 @@ def _init_worker(tokenizer_json: str, tokenizer_config: dict, seed: int, weights
     if parent is not None:
         threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
     global _worker_args
-    _worker_args = (Tokenizer(HFTokenizer.from_str(tokenizer_json), tokenizer_config), seed, weights, max_len)
+    _worker_args = (Tokenizer(HFTokenizer.from_str(tokenizer_json), tokenizer_config), seed, weights, max_len,
+                    samples)
 
 
 def _samples(start: int, count: int) -> list[Sample]:
-    tokenizer, seed, weights, max_len = _worker_args
-    return [sample_at(tokenizer, seed, i, weights, max_len) for i in range(start, start + count)]
+    tokenizer, seed, weights, max_len, samples = _worker_args
+    return [sample_at(tokenizer, seed, i, weights, max_len, samples) for i in range(start, start + count)]
 
 
 def parallel_training_stream(
     tokenizer: Tokenizer, seed: int, start: int = 0, mix: dict[str, float] | None = None, max_len: int = MAX_LEN,
-    workers: int = 2, chunk: int = 128,
+    workers: int = 2, chunk: int = 128, samples: Sequence[Sample] | None = None,
 ) -> Iterator[Sample]:
     """:func:`training_stream`, sample for sample, made by ``workers`` processes that each render and tokenise
     ``chunk`` consecutive samples at a time, at most two chunks per worker ahead of the reader. Workers are
@@ -254,7 +291,7 @@ def parallel_training_stream(
     weights = resolve_mix(mix)
     pool = ProcessPoolExecutor(
         workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-        initargs=(tokenizer.backend.to_str(), tokenizer.config, seed, weights, max_len),
+        initargs=(tokenizer.backend.to_str(), tokenizer.config, seed, weights, max_len, samples),
     )
     pending: deque = deque()
     next_start = start

@@ -96,10 +96,14 @@ def stream_factory(recipe: Recipe, tok: Tokenizer, rank: int, workers: int = 0) 
 
         return lambda start: toy_stream(tok, seed, start, recipe.data.mix)
     from quicksilver.data import parallel_training_stream, training_stream  # the corpus is heavy: import when used
+    from quicksilver.data.mixture import load_samples
+
+    samples = load_samples(recipe.data.samples) if recipe.data.samples else None
 
     if workers > 0:
-        return lambda start: parallel_training_stream(tok, seed, start=start, mix=recipe.data.mix, workers=workers)
-    return lambda start: training_stream(tok, seed, start=start, mix=recipe.data.mix)
+        return lambda start: parallel_training_stream(tok, seed, start=start, mix=recipe.data.mix, workers=workers,
+                                                      samples=samples)
+    return lambda start: training_stream(tok, seed, start=start, mix=recipe.data.mix, samples=samples)
 
 
 def resolve_tokenizer(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> Tokenizer:
@@ -222,6 +226,18 @@ class _Reporter:
 _NOT_WEIGHTS = {"torch_dtype": None, "attention_mode": None, "causal_context": None}
 
 
+def load_teacher(name_or_path: str, cfg: ModelConfig, device: torch.device) -> Transformer:
+    """The frozen model a run distils its causal stream to: same vocabulary and special tokens as the student."""
+    from quicksilver.loading import resolve_model_path
+
+    loaded = load_pretrained(resolve_model_path(name_or_path), dtype=torch.float32)
+    if loaded.model.config.vocab_size != cfg.vocab_size or loaded.model.config.mask_token_id != cfg.mask_token_id:
+        raise ValueError(f"{name_or_path}: the teacher's vocabulary differs from the model being trained")
+    teacher = place_model(loaded.model, device).eval()
+    teacher.requires_grad_(False)
+    return teacher
+
+
 def _check_same_run(saved: dict[str, Any], recipe: Recipe, source: str) -> None:
     for part in ("objective", "model", "data"):
         if saved.get(part) != recipe.model_dump(mode="json")[part]:
@@ -321,7 +337,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     )
     loss_fn = LOSSES[recipe.objective]
     noise = NoiseSettings(tr.t_min, tr.t_max, tr.weighting, recipe.data.pad_weight, tr.ar_weight, tr.draft_fraction,
-                          tr.draft_span)
+                          tr.draft_span, tr.distill_weight)
+    teacher = load_teacher(tr.teacher, cfg, device) if tr.teacher else None
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if tr.bf16 else nullcontext
     reporter = _Reporter(run_dir, world.is_main, opts.progress, total, step)
     reporter.event(event="resume" if resume_path else ("init_from" if opts.init_from else "start"), step=step,
@@ -373,7 +390,7 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
                 ahead = None
                 step_samples += batch.samples
                 with autocast():
-                    out = loss_fn(model, batch, noise, gen)
+                    out = loss_fn(model, batch, noise, gen, teacher)
                 (out.loss / tr.grad_accum).backward()
                 ahead = fetch()
                 loss_sum += float(out.loss.detach())

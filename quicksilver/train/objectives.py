@@ -21,6 +21,11 @@
             section 7).
 * ``ar``    next-token cross-entropy for the causal twin (token_shift: hidden i predicts token i+1).
 
+``distill_weight`` (block with ``causal_context``, or ar) adds the KL divergence from a frozen ``teacher`` to the
+causal stream's next-token distributions over the answer tokens. Self-speculative decoding returns the causal
+stream's greedy answer, so a run that trains the drafts (e.g. on the model's own answers, ``data.samples``) can
+hold the answers where they were by distilling the causal stream to the weights it started from.
+
 Losses are divided by the number of answer tokens (not masked tokens), which makes the diffusion loss
 the per-token ELBO (an upper bound on NLL in nats) and comparable to the AR cross-entropy. The vocabulary
 head runs only at scored positions: at vocab 4k it is a large share of a small model's FLOPs.
@@ -50,6 +55,7 @@ class NoiseSettings:
     ar_weight: float = 0.0  # block objective with causal_context: weight of the clean stream's next-token loss
     draft_fraction: float = 0.0  # block objective with causal_context: share of blocks noised as decode drafts
     draft_span: int = 0  # noisy rows of a draft-layout block from its cut (0: to the block's end)
+    distill_weight: float = 0.0  # weight of the causal stream's KL from a teacher (the loss's ``teacher``)
 
 
 @dataclass
@@ -95,7 +101,11 @@ def _masked_loss(
     return LossOut(loss, mean_ce, int(masked.sum()), float(denom))
 
 
-def mdlm_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
+def mdlm_loss(
+    model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator, teacher: Transformer | None = None
+) -> LossOut:
+    if s.distill_weight > 0:
+        raise ValueError("distill_weight needs a causal stream: the block objective with causal_context, or ar")
     weight = _region_weight(batch, s.pad_weight)
     n_docs = int(batch.doc.max()) + 1
     t = _noise_levels(batch.doc, n_docs, s, gen)
@@ -172,7 +182,9 @@ def _draft_cuts(
     return drawn, cut
 
 
-def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
+def block_loss(
+    model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator, teacher: Transformer | None = None
+) -> LossOut:
     bs = model.config.block_size
     weight = _region_weight(batch, s.pad_weight)
     L = batch.ids.shape[1]
@@ -205,13 +217,43 @@ def block_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Ge
             raise ValueError("ar_weight needs a model with causal_context and token_shift (a causal clean stream)")
         ar = _next_token_loss(model, clean, batch)
         out = LossOut(out.loss + s.ar_weight * ar.loss, out.ce, out.scored + ar.scored, out.answer_tokens)
+    if s.distill_weight > 0:
+        if not model.config.causal_context:
+            raise ValueError("distill_weight needs a model with causal_context (a causal clean stream)")
+        out = _with_distillation(out, model, clean, batch, s, teacher)
     return out
+
+
+def _answer_rows(batch: Batch) -> torch.Tensor:
+    """[B, L - 1] True where hidden i predicts token i + 1 of the same segment and that token is an answer token."""
+    return (batch.region[:, 1:] == RESPONSE) & (batch.doc[:, 1:] == batch.doc[:, :-1])
+
+
+def _causal_mask(batch: Batch) -> torch.Tensor:
+    return (batch.same_doc() & attention_mask("causal", batch.positions, batch.positions, 1)).unsqueeze(1)
+
+
+def _with_distillation(
+    out: LossOut, model: Transformer, hidden: torch.Tensor, batch: Batch, s: NoiseSettings,
+    teacher: Transformer | None,
+) -> LossOut:
+    """``out`` plus ``distill_weight`` x the mean KL(teacher || model) of the next-token distributions that the
+    causal hidden states ``hidden`` give over the answer tokens."""
+    if teacher is None:
+        raise ValueError("distill_weight needs a teacher model")
+    scored = _answer_rows(batch)
+    with torch.no_grad():
+        taught, _ = teacher(batch.ids, batch.positions, mask=_causal_mask(batch))
+        target = F.log_softmax(teacher.logits(taught[:, :-1][scored]).float(), dim=-1)
+    logp = F.log_softmax(model.logits(hidden[:, :-1][scored]).float(), dim=-1)
+    kl = F.kl_div(logp, target, log_target=True, reduction="sum") / max(int(scored.sum()), 1)
+    return LossOut(out.loss + s.distill_weight * kl, out.ce, out.scored + int(scored.sum()), out.answer_tokens)
 
 
 def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch) -> LossOut:
     """Mean next-token cross-entropy of the answer tokens (EOS included) from causal hidden states."""
     # hidden i predicts token i+1 of the same segment when that token is part of the answer
-    scored = (batch.region[:, 1:] == RESPONSE) & (batch.doc[:, 1:] == batch.doc[:, :-1])
+    scored = _answer_rows(batch)
     logits = model.logits(hidden[:, :-1][scored])
     ce = F.cross_entropy(logits, batch.ids[:, 1:][scored], reduction="sum")
     n = int(scored.sum())
@@ -219,12 +261,15 @@ def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch) -> 
     return LossOut(loss, float(loss.detach()), n, float(n))
 
 
-def ar_loss(model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator) -> LossOut:
-    causal = attention_mask("causal", batch.positions, batch.positions, 1)
-    hidden, _ = model(batch.ids, batch.positions, mask=(batch.same_doc() & causal).unsqueeze(1))
-    return _next_token_loss(model, hidden, batch)
+def ar_loss(
+    model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator, teacher: Transformer | None = None
+) -> LossOut:
+    hidden, _ = model(batch.ids, batch.positions, mask=_causal_mask(batch))
+    out = _next_token_loss(model, hidden, batch)
+    return _with_distillation(out, model, hidden, batch, s, teacher) if s.distill_weight > 0 else out
 
 
-LOSSES: dict[str, Callable[[Transformer, Batch, NoiseSettings, torch.Generator], LossOut]] = {
+Loss = Callable[..., LossOut]  # (model, batch, settings, generator, teacher=None)
+LOSSES: dict[str, Loss] = {
     "mdlm": mdlm_loss, "block": block_loss, "ar": ar_loss,
 }

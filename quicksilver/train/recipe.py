@@ -42,6 +42,7 @@ class DataSpec(_Strict):
     tokenizer: str | None = None  # tokenizer folder to use (built and saved there when missing)
     seed: int = 0
     mix: dict[str, float] | None = None  # passed to training_stream
+    samples: str | None = None  # JSON-lines samples file that the mixture's "samples" entry draws from
     seq_len: int = Field(256, gt=8)
     pad_weight: float = Field(1.0, ge=0)
 
@@ -65,6 +66,9 @@ class TrainSpec(_Strict):
     ar_weight: float = Field(0.0, ge=0)  # block objective with causal_context: weight of the clean stream's AR loss
     draft_fraction: float = Field(0.0, ge=0, le=1)  # block objective, causal_context: blocks in the draft layout
     draft_span: int = Field(0, ge=0)  # noisy rows of a draft-layout block from its cut (0: to the block end)
+    # KL from a frozen teacher (a model folder or shipped name) to the causal stream over answer tokens
+    distill_weight: float = Field(0.0, ge=0)
+    teacher: str | None = None
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(1, gt=0)
@@ -73,6 +77,8 @@ class TrainSpec(_Strict):
     def _check(self) -> TrainSpec:
         if self.t_min > self.t_max:
             raise ValueError("t_min must be <= t_max")
+        if (self.distill_weight > 0) != (self.teacher is not None):
+            raise ValueError("distill_weight > 0 and teacher go together")
         return self
 
 
