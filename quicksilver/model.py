@@ -112,6 +112,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        # a serving variant may replace q/k/v by one product over their stacked rows (quicksilver.variants)
+        self.qkv_proj: nn.Module | None = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -127,9 +129,10 @@ class Attention(nn.Module):
         past: KV | None,
     ) -> tuple[torch.Tensor, KV]:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
+        q, k, v = self.project_qkv(x)
+        q = q.view(b, t, self.n_heads, self.head_dim)
+        k = k.view(b, t, self.n_kv, self.head_dim)
+        v = v.view(b, t, self.n_kv, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)
@@ -152,16 +155,29 @@ class Attention(nn.Module):
                                                   attn_mask=mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The query, key and value projections of ``x`` [..., d] (heads not split yet)."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        return self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+
     def project_packed(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sel: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values [1, heads, rows, D] of packed rows ``x`` [1, N, d], rotated. Keys and values
         cover every row; queries only rows ``sel`` when it is given (the last layer needs no other outputs)."""
         _, n, _ = x.shape
-        k = self.k_proj(x).view(1, n, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(1, n, self.n_kv, self.head_dim)
-        xq, cq, sq = (x, cos, sin) if sel is None else (x[:, sel], cos[:, :, sel], sin[:, :, sel])
-        q = self.q_proj(xq).view(1, xq.shape[1], self.n_heads, self.head_dim)
+        cq, sq = (cos, sin) if sel is None else (cos[:, :, sel], sin[:, :, sel])
+        if self.qkv_proj is None:  # the last layer's queries: only the wanted rows are projected
+            k, v = self.k_proj(x), self.v_proj(x)
+            q = self.q_proj(x if sel is None else x[:, sel])
+        else:
+            q, k, v = self.project_qkv(x)
+            q = q if sel is None else q[:, sel]
+        k = k.view(1, n, self.n_kv, self.head_dim)
+        v = v.view(1, n, self.n_kv, self.head_dim)
+        q = q.reshape(1, q.shape[1], self.n_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q.transpose(1, 2), cq, sq), apply_rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
@@ -217,9 +233,13 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # a serving variant's stacked gate/up product (variants.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MoE(nn.Module):

@@ -28,7 +28,8 @@ def test_int8_quantizes_every_linear_and_decodes_like_fp32():
     int8 = as_variant(model, "int8")
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert not any(isinstance(m, torch.nn.Linear) for m in int8.modules())
-    assert sum(isinstance(m, Int8Linear) for m in int8.modules()) == n_linear > 0
+    # q/k/v stacked into one layer (but in the last block) and gate/up into one: three layers fewer per block
+    assert sum(isinstance(m, Int8Linear) for m in int8.modules()) == n_linear - 3 * len(model.layers) + 2 > 0
     assert isinstance(model.layers[0].mlp.up_proj, torch.nn.Linear)  # the original is untouched
     ids = torch.tensor(tiny_tokenizer().encode("The quick brown fox"))
     with torch.inference_mode():
@@ -65,7 +66,7 @@ def test_int8w_keeps_int8_weights_and_decodes_like_the_float_model():
     model = peaked("causal")
     w8 = as_variant(model, "int8w")
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-    assert sum(isinstance(m, Int8WeightLinear) for m in w8.modules()) == n_linear > 0
+    assert sum(isinstance(m, Int8WeightLinear) for m in w8.modules()) == n_linear - 3 * len(model.layers) + 2 > 0
     assert precision_of(w8) == "int8w" and w8.dtype == torch.bfloat16
     layer = Int8WeightLinear(torch.nn.Linear(64, 96, bias=True))
     rows = (torch.randn(9, 64) * torch.logspace(-2, 2, 9)[:, None]).bfloat16()
@@ -80,6 +81,36 @@ def test_int8w_keeps_int8_weights_and_decodes_like_the_float_model():
     for prompt in ("hello", "def add(a, b):", "The quick brown fox"):
         want = Decoder(model, tiny_tokenizer()).generate(prompt, params).token_ids
         assert Decoder(w8, tiny_tokenizer()).generate(prompt, params).token_ids == want
+
+
+@pytest.mark.parametrize("precision", ["int8", "int8w"])
+def test_stacked_projections_compute_exactly_what_the_separate_layers_did(precision: str):
+    """Quantised per output row, one layer over q/k/v's stacked rows (and gate/up's) gives the same numbers as the
+    separate layers, in the packed forward (every layer, and the last layer's wanted rows) and the plain one."""
+    import copy
+
+    from quicksilver.variants import stack_projections
+
+    model = tiny_model("block_causal", token_shift=True, causal_context=True, attention_bias=True)
+    stacked = as_variant(model, precision)
+    quantised = Int8WeightLinear if precision == "int8w" else Int8Linear
+    separate = copy.deepcopy(model).to(torch.bfloat16 if precision == "int8w" else torch.float32)
+    for module in list(separate.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, quantised(child))
+    assert stacked.layers[0].self_attn.q_proj is None and stacked.layers[0].mlp.gate_up_proj is not None
+    assert stacked.layers[-1].self_attn.qkv_proj is None  # the last layer projects queries of wanted rows only
+    ids = torch.tensor(tiny_tokenizer().encode("The quick brown fox jumps"))
+    pos = torch.arange(len(ids))
+    with torch.inference_mode():
+        for rows in (None, [torch.tensor([1, len(ids) - 1])]):
+            a, _ = stacked.forward_packed(ids, pos, [len(ids)], [None], [None], output_rows=rows)
+            b, _ = separate.forward_packed(ids, pos, [len(ids)], [None], [None], output_rows=rows)
+            assert torch.equal(a, b)
+        assert torch.equal(stacked(ids[None], pos[None])[0], separate(ids[None], pos[None])[0])
+    stack_projections(stacked)  # stacking twice changes nothing
+    assert stacked.layers[0].self_attn.q_proj is None
 
 
 def test_int8w_leaves_unaligned_layers_in_bf16_and_refuses_to_convert_twice():
