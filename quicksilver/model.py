@@ -169,7 +169,7 @@ class Attention(nn.Module):
         cover every row; queries only rows ``sel`` when it is given (the last layer needs no other outputs)."""
         _, n, _ = x.shape
         cq, sq = (cos, sin) if sel is None else (cos[:, :, sel], sin[:, :, sel])
-        if self.qkv_proj is None:  # the last layer's queries: only the wanted rows are projected
+        if self.qkv_proj is None:  # separate projections: queries only for the wanted rows
             k, v = self.k_proj(x), self.v_proj(x)
             q = self.q_proj(x if sel is None else x[:, sel])
         else:

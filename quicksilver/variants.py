@@ -132,7 +132,8 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
     the elementwise work around each matrix product (norms, rotation, activation, int8 (de)quantisation), which
     at this model size is much of a forward's time.
 
-    One compiled function serves every layer (each passes its own weights). ``warm_up`` builds the graphs now
+    One compiled function serves every layer of one structure (each passes its own weights); layers built
+    differently (int8's last layer, whose attention projections stay separate) get functions of their own. ``warm_up`` builds the graphs now
     (:func:`warm_up_layers`) rather than in the first request: about 40 s on this project's 2-core CPU the
     first time, seconds once inductor's on-disk cache has them. A mixture-of-experts MLP stays eager (its routing
     is data-dependent). Works in place on ``model`` and returns it; ``Transformer.forward`` (training, the
@@ -140,9 +141,11 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
     Set the thread count before compiling: dynamo guards on it, and a change would build the graphs again."""
     check_compile_device(model.device)
     options = {"guard_filter_fn": _guard_inputs_only}
-    inputs = torch.compile(_own_code(_attention_inputs), dynamic=True, options=options)
-    outputs = torch.compile(_own_code(_attention_outputs), dynamic=True, options=options)
+    compiled: dict[tuple, tuple] = {}  # layer structure -> its two compiled functions
     for layer in model.layers:
+        inputs, outputs = compiled.setdefault(_structure(layer), (
+            torch.compile(_own_code(_attention_inputs), dynamic=True, options=options),
+            torch.compile(_own_code(_attention_outputs), dynamic=True, options=options)))
         layer.attention_inputs = functools.partial(inputs, layer)
         if not isinstance(layer.mlp, MoE):
             layer.attention_outputs = functools.partial(outputs, layer)
@@ -159,7 +162,7 @@ def warm_up_layers(model: Transformer) -> None:
     first trace in which two sizes are equal assumes they always are (hence 13 rows and 5 wanted: counts unlikely
     to equal each other or a model dimension). The shapes: a prompt wanting some of its rows, a prefill chunk
     wanting none (chunked prefill), then steps of one row and of several over its keys, wanting one row, none or
-    all of them. Seven graphs before attention and two after it in all."""
+    all of them. Seven graphs before attention and two after it for each layer structure."""
     n, device = 13, model.device
     ids = torch.arange(n, device=device) % model.config.vocab_size
     positions = torch.arange(n, device=device)
@@ -177,11 +180,18 @@ def _own_code(fn: types.FunctionType) -> types.FunctionType:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+def _structure(layer: nn.Module) -> tuple[tuple[str, str], ...]:
+    """What a compiled function may assume of a layer, its guards on the layer being dropped: its submodules'
+    names and types (a projection stacked or not, a linear layer float or quantised)."""
+    return tuple((name, type(module).__name__) for name, module in layer.named_modules())
+
+
 def _guard_inputs_only(guards: list) -> list[bool]:
     """Keep dynamo's guards on the call's tensors (their shapes, dtypes, ``sel`` being None or not) and drop those
     on the layer module and on globals: about a hundred checks per call. Safe only because each compiled model has
-    its own graphs (:func:`_own_code`), a served model's layers do not change, and all of one model's layers have
-    the same structure (head counts, norms; a mixture-of-experts MLP is not compiled)."""
+    its own graphs (:func:`_own_code`), a served model's layers do not change, and the layers that share a compiled
+    function have the same structure (:func:`_structure`; head counts and norms are one per model; a
+    mixture-of-experts MLP is not compiled)."""
     return [not (g.is_global or g.name.startswith("layer")) for g in guards]
 
 
