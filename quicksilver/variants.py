@@ -5,8 +5,9 @@ variant "PRECISION+compile" (:data:`VARIANTS`).
 int8 (:class:`Int8Linear`) stores every linear layer's weights in int8 with one scale per output row and quantises
 its input to int8 with one scale per input row, then multiplies in int32 (``torch._int_mm``), which is exact. So a
 row's output depends only on that row, as in a float model: batching, the prefix cache and chunked prefill leave
-answers as they are. On this project's CPUs (AVX-512, no AMX) it runs faster than bf16; on 1,100 suite prompts the
-shipped default scores as in bf16 and the twin 2 lower (docs/performance.md section 8). It is an option, not the
+answers as they are. It runs faster than bf16 for the block decoder on this project's CPUs (an AVX-512 EPYC, and
+an AMX Xeon: docs/performance.md sections 8 and 14); on 1,100 suite prompts the default scored as in bf16 and the
+twin 2 lower (section 8). It is an option, not the
 default.
 
 int8w (:class:`Int8WeightLinear`) keeps only the weights in int8 (one scale per output row) and multiplies bf16 inputs
@@ -133,12 +134,13 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
     at this model size is much of a forward's time.
 
     One compiled function serves every layer of one structure (each passes its own weights); layers built
-    differently (int8's last layer, whose attention projections stay separate) get functions of their own. ``warm_up`` builds the graphs now
-    (:func:`warm_up_layers`) rather than in the first request: about 40 s on this project's 2-core CPU the
-    first time, seconds once inductor's on-disk cache has them. A mixture-of-experts MLP stays eager (its routing
-    is data-dependent). Works in place on ``model`` and returns it; ``Transformer.forward`` (training, the
-    embedder) is unchanged. Outputs match the eager model's within float rounding (inductor fuses in float32).
-    Set the thread count before compiling: dynamo guards on it, and a change would build the graphs again."""
+    differently (int8's last layer, whose attention projections stay separate) get functions of their own.
+    ``warm_up`` builds the graphs now (:func:`warm_up_layers`) rather than in the first request: about 40 s on this
+    project's 2-core CPU the first time, seconds once inductor's on-disk cache has them. A mixture-of-experts MLP
+    stays eager (its routing is data-dependent). Works in place on ``model`` and returns it; ``Transformer.forward``
+    (training, the embedder) is unchanged. Outputs match the eager model's within float rounding (inductor fuses in
+    float32). Set the thread count before compiling: dynamo guards on it, and a change would build the graphs
+    again."""
     check_compile_device(model.device)
     options = {"guard_filter_fn": _guard_inputs_only}
     compiled: dict[tuple, tuple] = {}  # layer structure -> its two compiled functions

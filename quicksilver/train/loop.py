@@ -325,7 +325,7 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
                 warm_start = state.get("warm_start")
             else:  # a new run (another objective, or a new schedule): record what its weights already cost
                 warm_start = {k: state.get(k) for k in ("objective", "step", "tokens_seen", "samples_seen",
-                                                         "train_seconds", "warm_start")}
+                                                         "train_seconds", "data_positions", "warm_start")}
         if step >= total:
             raise ValueError(f"{opts.init_from} was trained for {step} steps already; pass --max-steps > {step}")
     ddp.broadcast_parameters(model, world)
