@@ -7,8 +7,7 @@ its input to int8 with one scale per input row, then multiplies in int32 (``torc
 row's output depends only on that row, as in a float model: batching, the prefix cache and chunked prefill leave
 answers as they are. It runs faster than bf16 for the block decoder on this project's CPUs (an AVX-512 EPYC, and
 an AMX Xeon: docs/performance.md sections 8 and 14); on 1,100 suite prompts the default scored as in bf16 and the
-twin 2 lower (section 8). It is an option, not the
-default.
+twin 2 lower (section 8). It is an option, not the default.
 
 int8w (:class:`Int8WeightLinear`) keeps only the weights in int8 (one scale per output row) and multiplies bf16 inputs
 by them in one fused kernel (``torch._weight_int8pack_mm``): no input quantisation to pay per call. For a single row
@@ -164,7 +163,7 @@ def warm_up_layers(model: Transformer) -> None:
     first trace in which two sizes are equal assumes they always are (hence 13 rows and 5 wanted: counts unlikely
     to equal each other or a model dimension). The shapes: a prompt wanting some of its rows, a prefill chunk
     wanting none (chunked prefill), then steps of one row and of several over its keys, wanting one row, none or
-    all of them. Seven graphs before attention and two after it for each layer structure."""
+    all of them. At most seven graphs before attention and two after it for each layer structure."""
     n, device = 13, model.device
     ids = torch.arange(n, device=device) % model.config.vocab_size
     positions = torch.arange(n, device=device)
