@@ -36,8 +36,7 @@ def causal_losses(model, ids: list[int]) -> list[float]:
     n = len(ids)
     mask = torch.ones(n, n, dtype=torch.bool).tril().view(1, 1, n, n)
     with torch.inference_mode():
-        hidden, _ = model(x, mask=mask)
-        logits = model.logits(hidden)[0].float()
+        logits = model.forward_outputs(x, mask=mask)[0].float()
     return F.cross_entropy(logits[:-1], x[0, 1:], reduction="none").tolist()
 
 

@@ -43,8 +43,8 @@ def teacher_forced_drafts(model, seq: torch.Tensor, start: int, cross: bool) -> 
         pos = torch.arange(end)
         mask = (pos[:, None] >= pos[None, :]) | (pos >= f)[:, None]  # causal text, then masks seeing everything
         with torch.no_grad():
-            hidden, _ = model(ids[None], pos[None], mask=mask[None, None])
-            top = model.logits(hidden[0, f : end - 1]).argmax(-1)[:NOISY_ROWS]  # row f + k - 1 drafts f + k
+            outputs = model.forward_outputs(ids[None], pos[None], mask=mask[None, None])
+            top = outputs[0, f : end - 1].argmax(-1)[:NOISY_ROWS]  # row f + k - 1 drafts f + k
         out[f] = {f + 1 + j: int(t) for j, t in enumerate(top)}
     return out
 

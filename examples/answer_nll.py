@@ -30,9 +30,8 @@ def answer_nll(model, prompt_ids: list[int], answer_ids: list[int]) -> float:
     cfg = model.config
     if cfg.attention_mode == "causal":
         ids = torch.tensor([prompt_ids + answer_ids])
-        hidden, _ = model(ids, torch.arange(ids.shape[1])[None], mask="auto")
-        rows = hidden[0, len(prompt_ids) - 1: ids.shape[1] - 1]  # hidden i predicts token i + 1
-        logp = torch.log_softmax(model.logits(rows).float(), -1)
+        out = model.forward_outputs(ids)[0, len(prompt_ids) - 1: ids.shape[1] - 1]  # row i predicts token i + 1
+        logp = torch.log_softmax(out.float(), -1)
         return -logp[torch.arange(len(answer_ids)), torch.tensor(answer_ids)].mean().item()
     total = 0.0
     block = cfg.block_size if cfg.attention_mode == "block_causal" else 1 << 30
@@ -41,9 +40,8 @@ def answer_nll(model, prompt_ids: list[int], answer_ids: list[int]) -> float:
         end = min((q // block + 1) * block, len(prompt_ids) + len(answer_ids)) if block < 1 << 30 else \
             len(prompt_ids) + len(answer_ids)
         ids = torch.tensor([prompt_ids + answer_ids[:j] + [cfg.mask_token_id] * (end - q)])
-        hidden, _ = model(ids, torch.arange(ids.shape[1])[None], mask="auto")
-        row = q - int(cfg.token_shift)  # with token shift, hidden q - 1 predicts token q
-        total -= torch.log_softmax(model.logits(hidden[0, row:row + 1]).float(), -1)[0, target].item()
+        row = q - int(cfg.token_shift)  # with token shift, row q - 1 predicts token q
+        total -= torch.log_softmax(model.forward_outputs(ids)[0, row:row + 1].float(), -1)[0, target].item()
     return total / len(answer_ids)
 
 

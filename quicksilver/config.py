@@ -61,6 +61,9 @@ class ModelConfig:
     # bidirectional ("context-causal", as in Efficient-DLM/NBDiff): the cached context is what an AR model computes
     causal_context: bool = False
     mask_token_id: int = 0
+    # a pointer over the context (quicksilver.model.CopyHead): the output mixes the vocabulary distribution with
+    # copies of tokens the position can see. Our own models only; no real checkpoint family has one
+    copy_head: bool = False
     eos_token_id: int = 1
     pad_token_id: int = 2
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end a response

@@ -15,11 +15,16 @@ The model is stateless: ``forward`` takes the keys/values of earlier positions (
 the keys/values of its own inputs, so the decode loop decides what to cache. ``forward`` returns final
 hidden states; ``logits`` projects only the rows the caller asks for, because a diffusion step needs
 the vocabulary only at positions that are still masked.
+
+With ``copy_head`` (our own models only) the output is a mixture of the vocabulary distribution and a pointer
+over the tokens the position can see (:class:`CopyHead`), returned as log-probabilities so that every caller
+that treats the output as logits (softmax, argmax, cross-entropy) works unchanged.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -330,6 +335,74 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+@dataclass(frozen=True)
+class CopyContext:
+    """What a copy head reads besides the rows' hidden states, for rows grouped by the keys they attend to (G
+    groups of Q rows over S keys): the rows' positions [G, Q], the last layer's keys [G, KV, S, D] (rotated), those
+    keys' input tokens [G, S] and which keys each row may attend to [G, Q, S] (the attention mask's rows)."""
+
+    query_positions: torch.Tensor
+    keys: torch.Tensor
+    tokens: torch.Tensor
+    visible: torch.Tensor
+
+
+class CopyHead(nn.Module):
+    """A pointer over the context (pointer-generator style), for models too small to learn copying.
+
+    At 5.5M parameters neither shipped model copies names or numbers from its prompt: it starts a copied value
+    with a plausible but wrong token (MODEL_CARD). The copy head is one extra query per key/value head, read from
+    the final hidden state and rotated at the row's position, against the last layer's own keys (already computed
+    and cached, so decoding needs no new cache). Each head's softmax over the keys the row may attend to, with the
+    keys' tokens as values, is a distribution over copied tokens; a gate mixes the vocabulary distribution with
+    the heads'. Keys holding a mask token are never copied: they say nothing yet.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        assert cfg.head_dim is not None
+        self.n_kv, self.head_dim = cfg.num_key_value_heads, cfg.head_dim
+        self.rot_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
+        self.rope_theta, self.mask_token_id = cfg.rope_theta, cfg.mask_token_id
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.gate = nn.Linear(cfg.hidden_size, 1 + self.n_kv)
+
+    def reset_parameters(self) -> None:
+        """Start close to the model without the head: no query (uniform pointers) and a gate that gives the
+        pointers 1 - e^4 / (e^4 + KV) of the mass (3.5% with two heads): enough gradient to learn from."""
+        nn.init.zeros_(self.q_proj.weight)
+        nn.init.zeros_(self.gate.weight)
+        with torch.no_grad():
+            self.gate.bias.copy_(torch.tensor([4.0] + [0.0] * self.n_kv))
+
+    def pointer_weights(self, hidden: torch.Tensor, ctx: CopyContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head pointers and the gate for hidden states [G, Q, d]: pointer probabilities [G, Q, KV, S] (zero
+        where nothing can be copied) and the gate's mixture weights [G, Q, 1 + KV] (vocabulary first)."""
+        g, q_len, _ = hidden.shape
+        q = self.q_proj(hidden).view(g, q_len, self.n_kv, self.head_dim).transpose(1, 2)
+        cos, sin = rope_cos_sin(ctx.query_positions, self.rot_dim, self.rope_theta, q.dtype)
+        q = apply_rope(q, cos, sin)
+        scores = (q.float() @ ctx.keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [G, KV, Q, S]
+        allowed = (ctx.visible & (ctx.tokens != self.mask_token_id).unsqueeze(1)).unsqueeze(1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        pointers = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no key left: all zero
+        gate = torch.softmax(self.gate(hidden).float(), dim=-1)
+        # no key to copy from: all of the mass to the vocabulary (and no gradient into an empty pointer)
+        nothing = ~allowed.any(-1).squeeze(1)  # [G, Q]
+        gate = torch.where(nothing.unsqueeze(-1), F.one_hot(gate.new_zeros(g, q_len).long(), gate.shape[-1]).float(),
+                           gate)
+        return pointers.transpose(1, 2), gate
+
+    @staticmethod
+    def mix(logits: torch.Tensor, pointers: torch.Tensor, gate: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities [N, V] of the mixture, for N rows: logits [N, V] float32, pointers [N, KV, S],
+        gate [N, 1 + KV], tokens [N, S] (each row's keys' tokens)."""
+        copied = (pointers * gate[:, 1:, None]).sum(1)  # [N, S]: one weight per key, heads combined
+        probs = torch.softmax(logits, dim=-1) * gate[:, :1]
+        probs = probs.scatter_add(1, tokens, copied)
+        return probs.clamp_min(1e-30).log()
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -340,7 +413,10 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.copy_head = CopyHead(cfg) if cfg.copy_head else None
         self.apply(self._init_weights)
+        if self.copy_head is not None:
+            self.copy_head.reset_parameters()
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -438,8 +514,38 @@ class Transformer(nn.Module):
         return self.norm(x)[0], per_seq
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Project hidden states (any leading shape) onto the vocabulary, in float32."""
+        """Project hidden states (any leading shape) onto the vocabulary, in float32. With a copy head this is
+        only the vocabulary part: :meth:`output_logits` gives the model's output."""
         return self.lm_head(hidden).float()
+
+    def forward_outputs(
+        self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None | str = "auto"
+    ) -> torch.Tensor:
+        """The model's output [B, T, V] for every row of one plain forward (no past): what :meth:`output_logits`
+        gives, for scripts that score whole sequences."""
+        b, t = input_ids.shape
+        if positions is None:
+            positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        if isinstance(mask, str):
+            mask = self.make_mask(positions, positions)
+        hidden, kvs = self(input_ids, positions, mask=mask)
+        if self.copy_head is None:
+            return self.logits(hidden)
+        visible = torch.ones(b, t, t, dtype=torch.bool, device=input_ids.device) if mask is None else \
+            mask[:, 0].expand(b, t, t)
+        select = torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
+        ctx = CopyContext(positions, kvs[-1][0], input_ids, visible)
+        return self.output_logits(hidden, select, ctx).view(b, t, -1)
+
+    def output_logits(self, hidden: torch.Tensor, select: torch.Tensor, ctx: CopyContext | None) -> torch.Tensor:
+        """The model's output for the rows ``select`` [G, Q] (bool) of ``hidden`` [G, Q, d], [N, V] float32:
+        logits, or with a copy head the mixture's log-probabilities (``ctx``: what the head points into)."""
+        logits = self.logits(hidden[select])
+        if self.copy_head is None:
+            return logits
+        pointers, gate = self.copy_head.pointer_weights(hidden, ctx)
+        group = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(select)[select]
+        return CopyHead.mix(logits, pointers[select], gate[select], ctx.tokens[group])
 
 
 def count_flops_per_token(cfg: ModelConfig) -> float:

@@ -29,7 +29,7 @@ import types
 import torch
 from torch import nn
 
-from quicksilver.model import Attention, MoE, SwiGLU, Transformer
+from quicksilver.model import Attention, CopyHead, MoE, SwiGLU, Transformer
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8", "int8w")  # what a served model may run in
 COMPILED = "+compile"  # suffix of a variant whose layers are compiled (compile_layers)
@@ -83,8 +83,10 @@ def _to_precision(model: Transformer, precision: str) -> Transformer:
     stack_projections(float_model)
     for module in list(float_model.modules()):
         for name, child in list(module.named_children()):
-            # a mixture-of-experts router stays float: it reads its weight directly, and its choices are discrete
-            if isinstance(child, nn.Linear) and not (isinstance(module, MoE) and name == "gate"):
+            # a mixture-of-experts router stays float: it reads its weight directly, and its choices are discrete;
+            # so does a copy head (two tiny products per step, whose gate decides between copying and the vocabulary)
+            if isinstance(child, nn.Linear) and not (isinstance(module, MoE) and name == "gate") \
+                    and not isinstance(module, CopyHead):
                 if quantised is Int8WeightLinear and not Int8WeightLinear.supports(child):
                     continue  # the fused kernel is wrong for such shapes: this layer stays bf16
                 setattr(module, name, quantised(child))

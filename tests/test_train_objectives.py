@@ -187,9 +187,9 @@ def test_draft_fraction_trains_only_tokens_after_the_cut_and_needs_a_causal_clea
     seen = {}
     real = objectives._masked_loss
 
-    def spy(model, hidden, targets, masked, t, weight, s):
+    def spy(model, hidden, targets, masked, t, weight, s, src):
         seen.update(masked=masked, t=t)
-        return real(model, hidden, targets, masked, t, weight, s)
+        return real(model, hidden, targets, masked, t, weight, s, src)
 
     monkeypatch.setattr(objectives, "_masked_loss", spy)
     out = objectives.block_loss(model, batch, NoiseSettings(draft_fraction=1.0), torch.Generator().manual_seed(1))
@@ -251,7 +251,7 @@ def test_causal_context_clean_stream_is_the_ar_model_and_ar_weight_adds_its_loss
     batch = toy_batch(tok, cfg, 7, 2)
     noisy = batch.ids.masked_fill(torch.rand(batch.ids.shape) < 0.5, cfg.mask_token_id)
     with torch.no_grad():
-        _, clean = block_prediction_rows(model, batch, noisy)
+        _, clean, _, _ = block_prediction_rows(model, batch, noisy)
         causal = batch.positions.unsqueeze(-2) <= batch.positions.unsqueeze(-1)
         ar_hidden, _ = model(batch.ids, batch.positions, mask=(batch.same_doc() & causal).unsqueeze(1))
         assert torch.allclose(clean, ar_hidden, atol=1e-5)

@@ -127,3 +127,24 @@ def test_init_from_another_objective_starts_a_new_schedule_from_its_weights(tmp_
                                                                              "token_shift": True}})
     with pytest.raises(ValueError, match="does not match"):
         train(bigger, TrainOptions(run_dir=tmp_path / "c", init_from=ar.export_dir, progress=False))
+
+
+def test_init_from_can_grow_a_copy_head_and_start_the_data_anywhere(tmp_path: Path):
+    """A recipe may add a copy head to weights trained without one (never drop one), and --data-start gives a warm
+    start the rows another run read (e.g. so a model pair trains on the same samples)."""
+    ar = train(toy_recipe("ar", max_steps=4), TrainOptions(run_dir=tmp_path / "ar", progress=False))
+    grown = Recipe.from_dict({**TOY, "objective": "ar", "model": {**TOY["model"], "copy_head": True},
+                              "train": {**TOY["train"], "max_steps": 2}})
+    with pytest.raises(ValueError, match="--data-start"):
+        train(grown, TrainOptions(run_dir=tmp_path / "x", init_from=ar.export_dir, data_start=0, progress=False))
+    out = train(grown, TrainOptions(run_dir=tmp_path / "b", init_from=ar.export_dir, new_schedule=True,
+                                    data_start=0, progress=False))
+    assert out.model.copy_head is not None
+    start = train(toy_recipe("ar", max_steps=2), TrainOptions(run_dir=tmp_path / "c", progress=False))
+    positions = [json.loads((r.export_dir / "training_state.json").read_text())["data_positions"] for r in (out, start)]
+    assert positions[0] == positions[1]  # from sample 0 again: the same rows as a run from scratch
+    loaded = load_pretrained(out.export_dir)
+    assert loaded.model.config.copy_head and loaded.model.copy_head is not None
+    with pytest.raises(ValueError, match="does not match"):
+        train(toy_recipe("ar", max_steps=6), TrainOptions(run_dir=tmp_path / "d", init_from=out.export_dir,
+                                                          progress=False))

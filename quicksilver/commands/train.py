@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-schedule", action="store_true",
                    help="with --init-from: count steps from 0 with the recipe's warm-up and schedule (fresh AdamW), "
                         "continuing the data stream")
+    p.add_argument("--data-start", type=int, metavar="N",
+                   help="with --init-from --new-schedule: read the data stream from sample N (one process) instead "
+                        "of where the weights left it, e.g. to give two models the same rows")
     p.add_argument("--max-steps", type=int, help="override the recipe's max_steps (end of the LR schedule)")
     p.add_argument("--stop-at-step", type=int, help="checkpoint and stop at this step (schedule unchanged)")
     p.add_argument("--max-time-min", type=float, help="checkpoint and stop after this many minutes")
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-steps must be >= 1")
     opts = TrainOptions(
         run_dir=args.run_dir or Path("runs") / recipe.name, resume=args.resume, init_from=args.init_from,
-        new_schedule=args.new_schedule,
+        new_schedule=args.new_schedule, data_start=args.data_start,
         max_steps=args.max_steps, stop_at_step=args.stop_at_step, max_time_min=args.max_time_min,
         threads=args.threads, device=args.device, data_workers=args.data_workers, tokenizer=args.tokenizer,
         progress=False if args.no_progress else None,

@@ -33,7 +33,7 @@ from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
 from quicksilver.decoding.prefix_cache import PrefixCache
 from quicksilver.decoding.speculative import Layout, SelfSpeculation, check_supported
-from quicksilver.model import KV, Transformer, additive_mask, config_mask
+from quicksilver.model import KV, CopyContext, Transformer, additive_mask, config_mask
 from quicksilver.sampling import SamplingParams, make_generator, sample_tokens
 from quicksilver.tokenizer import Tokenizer
 
@@ -522,7 +522,10 @@ class Decoder:
         hidden, new_kvs = self._forward_packed(plans)
         # the loop's bookkeeping (canvas, policies, constraints) stays on the CPU: on an accelerator only the
         # forward runs there, and the wanted rows' logits come back once per step
-        logits = self.model.logits(hidden).cpu()
+        if self.model.copy_head is None:
+            logits = self.model.logits(hidden).cpu()
+        else:
+            logits = self._copy_outputs(live, plans, hidden, new_kvs).cpu()
         logits_per_state = logits.split([p.logit_rows.numel() for p in plans])
         for st, plan, new_kv, logits in zip(live, plans, new_kvs, logits_per_state, strict=True):
             if plan.store is not None:
@@ -547,6 +550,26 @@ class Decoder:
         if whole > st.shared_len:
             st.shared_len = whole
             self.prefix_cache.insert(st.tokens[:whole], st.cache)
+
+    def _copy_outputs(
+        self, live: list[DecodeState], plans: list[_Plan], hidden: torch.Tensor, new_kvs: list[list[KV]]
+    ) -> torch.Tensor:
+        """A copy-head model's outputs for every plan's logit rows: each plan's rows point into its own keys (its
+        past, then its inputs) with its attention mask, and copy those keys' tokens."""
+        cfg, device = self.model.config, self.model.device
+        outs = []
+        for st, p, h, kv in zip(live, plans, hidden.split([p.logit_rows.numel() for p in plans]), new_kvs,
+                                strict=True):
+            q = p.logit_rows.numel()
+            keys = kv[-1][0] if p.past is None else torch.cat([p.past[-1][0], kv[-1][0]], dim=2)
+            key_positions = torch.cat([p.past_positions, p.positions])
+            m = p.mask if p.mask is not None else config_mask(cfg, p.positions, key_positions)
+            visible = torch.ones(q, key_positions.numel(), dtype=torch.bool) if m is None else m[p.logit_rows]
+            tokens = torch.cat([st.tokens[p.past_positions], p.input_ids])
+            ctx = CopyContext(p.positions[p.logit_rows][None].to(device), keys, tokens[None].to(device),
+                              visible[None].to(device))
+            outs.append(self.model.output_logits(h[None], torch.ones(1, q, dtype=torch.bool, device=device), ctx))
+        return torch.cat(outs)
 
     def _forward_packed(self, plans: list[_Plan]) -> tuple[torch.Tensor, list[list[KV]]]:
         """One forward for all plans, their inputs packed row after row (no padding): see

@@ -29,7 +29,7 @@ from quicksilver.train import ddp
 from quicksilver.train.checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
 from quicksilver.train.objectives import LOSSES, MODE_OF_OBJECTIVE, NoiseSettings
 from quicksilver.train.packing import RowPacker
-from quicksilver.train.recipe import Recipe
+from quicksilver.train.recipe import Recipe, TrainSpec
 from quicksilver.train.schedule import lr_at
 
 TRAINING_STATE = "training_state.json"  # written next to an exported model: how far it was trained
@@ -43,6 +43,7 @@ class TrainOptions:
     # with init_from: a new run (step 0, the recipe's warm-up and schedule) even on the same objective, because
     # the optimizer state is not shipped and fresh AdamW moments need the warm-up; the data stream still continues
     new_schedule: bool = False
+    data_start: int | None = None  # with init_from and new_schedule: the sample the data stream starts at
     max_steps: int | None = None  # overrides recipe.train.max_steps (end of the LR schedule)
     stop_at_step: int | None = None  # stop (with a checkpoint) at this step without ending the schedule
     max_time_min: float | None = None  # stop (with a checkpoint) after this much wall time
@@ -226,6 +227,19 @@ class _Reporter:
 _NOT_WEIGHTS = {"torch_dtype": None, "attention_mode": None, "causal_context": None}
 
 
+def _param_groups(model: Transformer, tr: TrainSpec) -> list[dict[str, Any]]:
+    """AdamW groups: matrices decay, vectors do not; a copy head's weights learn at ``copy_head_lr_scale``."""
+    head = {id(p) for p in model.copy_head.parameters()} if model.copy_head is not None else set()
+    groups = []
+    for scale, members in ((1.0, [p for p in model.parameters() if id(p) not in head]),
+                           (tr.copy_head_lr_scale, [p for p in model.parameters() if id(p) in head])):
+        for decay in (True, False):
+            params = [p for p in members if (p.ndim >= 2) == decay]
+            if params:
+                groups.append({"params": params, "weight_decay": tr.weight_decay if decay else 0.0, "lr_scale": scale})
+    return groups
+
+
 def load_teacher(name_or_path: str, cfg: ModelConfig, device: torch.device) -> Transformer:
     """The frozen model a run distils its causal stream to: same vocabulary and special tokens as the student."""
     from quicksilver.loading import resolve_model_path
@@ -266,6 +280,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     total = opts.max_steps or tr.max_steps
     if opts.resume and opts.init_from is not None:
         raise ValueError("use either --resume (continue this run) or --init-from (warm start), not both")
+    if opts.data_start is not None and not (opts.new_schedule and world.size == 1 and opts.data_start >= 0):
+        raise ValueError("--data-start needs --init-from with --new-schedule, one process, and N >= 0")
     if opts.new_schedule and opts.init_from is None:
         raise ValueError("--new-schedule starts a new run on --init-from's weights; pass --init-from too")
     resume_path = latest_checkpoint(run_dir) if opts.resume else None
@@ -281,12 +297,7 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     cfg = model_config(recipe, tok)
     model = place_model(build_model(cfg, tr.seed), device)  # initialised on the CPU: the same weights anywhere
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tr.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tr.lr, betas=tr.betas, fused=device.type == "cuda",
-    )
+    optimizer = torch.optim.AdamW(_param_groups(model, tr), lr=tr.lr, betas=tr.betas, fused=device.type == "cuda")
     gen = torch.Generator().manual_seed(tr.seed * 1000 + world.rank)
     step, tokens_seen, samples_seen, train_seconds = 0, 0, 0, 0.0
     positions = [0] * world.size
@@ -310,9 +321,13 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     elif opts.init_from is not None:
         loaded = load_pretrained(opts.init_from, dtype=torch.float32)
         # the attention mode is only a mask rule, so weights move between objectives (e.g. AR -> block diffusion)
-        if loaded.model.config.to_dict() | _NOT_WEIGHTS != cfg.to_dict() | _NOT_WEIGHTS:
+        # a recipe may add a copy head to weights trained without one (it starts as the model without it)
+        grows = {"copy_head": None} if cfg.copy_head and not loaded.model.config.copy_head else {}
+        if loaded.model.config.to_dict() | _NOT_WEIGHTS | grows != cfg.to_dict() | _NOT_WEIGHTS | grows:
             raise ValueError(f"{opts.init_from}: its config does not match the recipe's model")
-        model.load_state_dict(loaded.model.state_dict())
+        missing, unexpected = model.load_state_dict(loaded.model.state_dict(), strict=False)
+        if unexpected or any(not k.startswith("copy_head.") for k in missing) or (missing and not grows):
+            raise ValueError(f"{opts.init_from}: weights do not match the recipe's model ({missing + unexpected})")
         state_path = opts.init_from / TRAINING_STATE
         if state_path.is_file():
             state = json.loads(state_path.read_text())
@@ -326,6 +341,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
             else:  # a new run (another objective, or a new schedule): record what its weights already cost
                 warm_start = {k: state.get(k) for k in ("objective", "step", "tokens_seen", "samples_seen",
                                                          "train_seconds", "data_positions", "warm_start")}
+        if opts.data_start is not None:
+            positions = [opts.data_start]
         if step >= total:
             raise ValueError(f"{opts.init_from} was trained for {step} steps already; pass --max-steps > {step}")
     ddp.broadcast_parameters(model, world)
@@ -382,7 +399,7 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
             t0 = time.time()
             lr = lr_at(step, tr.lr, tr.warmup_steps, total, tr.min_lr_ratio)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             loss_sum = ce_sum = 0.0
             step_samples = 0
             for _ in range(tr.grad_accum):

@@ -26,6 +26,10 @@ causal stream's next-token distributions over the answer tokens. Self-speculativ
 stream's greedy answer, so a run that trains the drafts (e.g. on the model's own answers, ``data.samples``) can
 hold the answers where they were by distilling the causal stream to the weights it started from.
 
+With a copy head (``copy_head`` in the model config) every scored row's output is the mixture of the vocabulary
+and pointers over the keys that row attends to (:class:`quicksilver.model.CopyHead`); each loss passes the rows'
+:class:`~quicksilver.model.CopyContext` along with their hidden states.
+
 Losses are divided by the number of answer tokens (not masked tokens), which makes the diffusion loss
 the per-token ELBO (an upper bound on NLL in nats) and comparable to the AR cross-entropy. The vocabulary
 head runs only at scored positions: at vocab 4k it is a large share of a small model's FLOPs.
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from quicksilver.model import Transformer, attention_mask
+from quicksilver.model import CopyContext, Transformer, attention_mask
 from quicksilver.train.packing import PAD, RESPONSE, Batch
 
 OBJECTIVES = ("mdlm", "block", "ar")
@@ -56,6 +60,11 @@ class NoiseSettings:
     draft_fraction: float = 0.0  # block objective with causal_context: share of blocks noised as decode drafts
     draft_span: int = 0  # noisy rows of a draft-layout block from its cut (0: to the block's end)
     distill_weight: float = 0.0  # weight of the causal stream's KL from a teacher (the loss's ``teacher``)
+
+
+def _outputs(model: Transformer, hidden: torch.Tensor, select: torch.Tensor, ctx: CopyContext) -> torch.Tensor:
+    """The model's output (logits, or a copy head's log-probabilities) at the rows ``select`` of ``hidden``."""
+    return model.output_logits(hidden, select, ctx)
 
 
 @dataclass
@@ -89,10 +98,9 @@ def _noise_levels(keys: torch.Tensor, n_keys: int, s: NoiseSettings, gen: torch.
 
 def _masked_loss(
     model: Transformer, hidden: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
-    weight: torch.Tensor, s: NoiseSettings,
+    weight: torch.Tensor, s: NoiseSettings, ctx: CopyContext,
 ) -> LossOut:
-    rows = hidden[masked]
-    logits = model.logits(rows)
+    logits = _outputs(model, hidden, masked, ctx)
     ce = F.cross_entropy(logits, targets[masked], reduction="none")
     w = weight[masked] / (t[masked] if s.weighting == "elbo" else 1.0)
     denom = weight.sum().clamp_min(1.0)
@@ -112,8 +120,9 @@ def mdlm_loss(
     masked = (_uniform(batch.ids.shape, gen, batch.ids.device) < t) & (weight > 0)
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
     mask = batch.same_doc().unsqueeze(1)
-    hidden, _ = model(noisy, batch.positions, mask=mask)
-    return _masked_loss(model, hidden, batch.ids, masked, t, weight, s)
+    hidden, kvs = model(noisy, batch.positions, mask=mask)
+    src = CopyContext(batch.positions, kvs[-1][0], noisy, mask[:, 0])
+    return _masked_loss(model, hidden, batch.ids, masked, t, weight, s, src)
 
 
 def block_diffusion_mask(
@@ -145,9 +154,9 @@ def block_diffusion_mask(
 def block_prediction_rows(
     model: Transformer, batch: Batch, noisy: torch.Tensor, cut: torch.Tensor | None = None,
     stop: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, L, d] hidden rows that predict each token of ``batch`` given the noisy stream ``noisy``, and the
-    clean stream's hidden states [B, L, d].
+) -> tuple[torch.Tensor, torch.Tensor, CopyContext, CopyContext]:
+    """[B, L, d] hidden rows that predict each token of ``batch`` given the noisy stream ``noisy``, the
+    clean stream's hidden states [B, L, d], and the copy sources of both.
 
     One forward over ``[x_t || x_0]``. Without token shift row i predicts token i. With it, hidden i - 1 predicts
     token i: inside a block from the noisy stream; at a block start from the clean stream, whose previous block is
@@ -156,12 +165,16 @@ def block_prediction_rows(
     L = batch.ids.shape[1]
     ids = torch.cat([noisy, batch.ids], dim=1)
     positions = torch.cat([batch.positions, batch.positions], dim=1)
-    hidden, _ = model(ids, positions, mask=block_diffusion_mask(batch, bs, model.config.causal_context, cut, stop))
+    mask = block_diffusion_mask(batch, bs, model.config.causal_context, cut, stop)[:, 0]
+    hidden, kvs = model(ids, positions, mask=mask.unsqueeze(1))
+    keys = kvs[-1][0]
+    clean = CopyContext(batch.positions, keys, ids, mask[:, L:])
     if not model.config.token_shift:
-        return hidden[:, :L], hidden[:, L:]
+        return hidden[:, :L], hidden[:, L:], CopyContext(batch.positions, keys, ids, mask[:, :L]), clean
     idx = torch.arange(L, device=batch.positions.device).expand_as(batch.positions)
     src = torch.where(batch.positions % bs == 0, L + idx - 1, idx - 1).clamp_min(0)
-    return hidden.gather(1, src.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])), hidden[:, L:]
+    rows = CopyContext(positions.gather(1, src), keys, ids, mask.gather(1, src.unsqueeze(-1).expand(-1, -1, 2 * L)))
+    return hidden.gather(1, src.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])), hidden[:, L:], rows, clean
 
 
 def _draft_cuts(
@@ -210,17 +223,17 @@ def block_loss(
     if model.config.token_shift:  # a segment's first token has nothing before it to be predicted from
         masked, scored = masked & (batch.positions > 0), scored & (batch.positions > 0)
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
-    rows, clean = block_prediction_rows(model, batch, noisy, cut, stop)
-    out = _masked_loss(model, rows, batch.ids, scored, t, weight, s)
+    rows, clean, rows_src, clean_src = block_prediction_rows(model, batch, noisy, cut, stop)
+    out = _masked_loss(model, rows, batch.ids, scored, t, weight, s, rows_src)
     if s.ar_weight > 0:
         if not (model.config.causal_context and model.config.token_shift):
             raise ValueError("ar_weight needs a model with causal_context and token_shift (a causal clean stream)")
-        ar = _next_token_loss(model, clean, batch)
+        ar = _next_token_loss(model, clean, batch, clean_src)
         out = LossOut(out.loss + s.ar_weight * ar.loss, out.ce, out.scored + ar.scored, out.answer_tokens)
     if s.distill_weight > 0:
         if not model.config.causal_context:
             raise ValueError("distill_weight needs a model with causal_context (a causal clean stream)")
-        out = _with_distillation(out, model, clean, batch, s, teacher)
+        out = _with_distillation(out, model, clean, batch, s, teacher, clean_src)
     return out
 
 
@@ -233,9 +246,26 @@ def _causal_mask(batch: Batch) -> torch.Tensor:
     return (batch.same_doc() & attention_mask("causal", batch.positions, batch.positions, 1)).unsqueeze(1)
 
 
+def _shifted(select: torch.Tensor) -> torch.Tensor:
+    """[B, L - 1] row selection -> [B, L]: hidden i predicts token i + 1, so the last row is never scored."""
+    return F.pad(select, (0, 1), value=False)
+
+
+def _causal_outputs(
+    model: Transformer, hidden: torch.Tensor | None, batch: Batch, src: CopyContext | None
+) -> torch.Tensor:
+    """The model's outputs at the causal rows that predict answer tokens (``_answer_rows``)."""
+    scored = _shifted(_answer_rows(batch))
+    if src is None:  # a model run here on its own (a teacher): its causal forward over the batch
+        mask = _causal_mask(batch)
+        hidden, kvs = model(batch.ids, batch.positions, mask=mask)
+        src = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0])
+    return _outputs(model, hidden, scored, src)
+
+
 def _with_distillation(
     out: LossOut, model: Transformer, hidden: torch.Tensor, batch: Batch, s: NoiseSettings,
-    teacher: Transformer | None,
+    teacher: Transformer | None, src: CopyContext,
 ) -> LossOut:
     """``out`` plus ``distill_weight`` x the mean KL(teacher || model) of the next-token distributions that the
     causal hidden states ``hidden`` give over the answer tokens."""
@@ -243,18 +273,17 @@ def _with_distillation(
         raise ValueError("distill_weight needs a teacher model")
     scored = _answer_rows(batch)
     with torch.no_grad():
-        taught, _ = teacher(batch.ids, batch.positions, mask=_causal_mask(batch))
-        target = F.log_softmax(teacher.logits(taught[:, :-1][scored]).float(), dim=-1)
-    logp = F.log_softmax(model.logits(hidden[:, :-1][scored]).float(), dim=-1)
+        target = F.log_softmax(_causal_outputs(teacher, None, batch, None), dim=-1)
+    logp = F.log_softmax(_causal_outputs(model, hidden, batch, src), dim=-1)
     kl = F.kl_div(logp, target, log_target=True, reduction="sum") / max(int(scored.sum()), 1)
     return LossOut(out.loss + s.distill_weight * kl, out.ce, out.scored + int(scored.sum()), out.answer_tokens)
 
 
-def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch) -> LossOut:
+def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch, src: CopyContext) -> LossOut:
     """Mean next-token cross-entropy of the answer tokens (EOS included) from causal hidden states."""
     # hidden i predicts token i+1 of the same segment when that token is part of the answer
     scored = _answer_rows(batch)
-    logits = model.logits(hidden[:, :-1][scored])
+    logits = _causal_outputs(model, hidden, batch, src)
     ce = F.cross_entropy(logits, batch.ids[:, 1:][scored], reduction="sum")
     n = int(scored.sum())
     loss = ce / max(n, 1)
@@ -264,9 +293,11 @@ def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch) -> 
 def ar_loss(
     model: Transformer, batch: Batch, s: NoiseSettings, gen: torch.Generator, teacher: Transformer | None = None
 ) -> LossOut:
-    hidden, _ = model(batch.ids, batch.positions, mask=_causal_mask(batch))
-    out = _next_token_loss(model, hidden, batch)
-    return _with_distillation(out, model, hidden, batch, s, teacher) if s.distill_weight > 0 else out
+    mask = _causal_mask(batch)
+    hidden, kvs = model(batch.ids, batch.positions, mask=mask)
+    src = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0])
+    out = _next_token_loss(model, hidden, batch, src)
+    return _with_distillation(out, model, hidden, batch, s, teacher, src) if s.distill_weight > 0 else out
 
 
 Loss = Callable[..., LossOut]  # (model, batch, settings, generator, teacher=None)

@@ -34,6 +34,9 @@ class ModelSpec(_Strict):
     token_shift: bool = False
     # block objective only: finished blocks attend causally (the clean stream is an AR model), see objectives.py
     causal_context: bool = False
+    # a pointer over the context mixed into the output (quicksilver.model.CopyHead): lets a small model copy
+    # names and numbers from its prompt. Weights without one can be extended (--init-from)
+    copy_head: bool = False
 
 
 class DataSpec(_Strict):
@@ -69,6 +72,9 @@ class TrainSpec(_Strict):
     # KL from a frozen teacher (a model folder or shipped name) to the causal stream over answer tokens
     distill_weight: float = Field(0.0, ge=0)
     teacher: str | None = None
+    # learning rate of a copy head's weights relative to ``lr``: a head grafted onto trained weights starts with
+    # little of the output's mass, so its gradients are small while the rest is already trained
+    copy_head_lr_scale: float = Field(1.0, gt=0)
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(1, gt=0)
