@@ -12,7 +12,7 @@ from quicksilver.loading import load_model
 from quicksilver.model import CopyContext
 from quicksilver.sampling import SamplingParams
 from quicksilver.testing import save_tiny_model, tiny_model, tiny_tokenizer
-from quicksilver.train.objectives import _causal_mask, _outputs, block_prediction_rows
+from quicksilver.train.objectives import _causal_mask, block_prediction_rows
 from quicksilver.train.packing import Batch
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "0123456789 + 42 =", "yes"]
@@ -38,7 +38,7 @@ def full_forward_outputs(model, ids: torch.Tensor) -> torch.Tensor:
     mask = (positions[0, :, None] >= positions[0, None, :])[None]
     hidden, kvs = model(ids[None], positions, mask=mask[:, None])
     src = CopyContext(positions, kvs[-1][0], ids[None], mask)
-    out = _outputs(model, hidden, torch.ones(1, t, dtype=torch.bool), src)
+    out = model.output_logits(hidden, torch.ones(1, t, dtype=torch.bool), src)
     assert torch.allclose(out, model.forward_outputs(ids[None], mask=mask[:, None])[0], atol=1e-5)
     return out
 
@@ -137,7 +137,7 @@ def test_block_training_rows_copy_what_the_decoder_rows_copy(offset: int):
         rows, _, src, _ = block_prediction_rows(model, batch, noisy)
         select = torch.zeros(1, n, dtype=torch.bool)
         select[0, q] = True
-        trained = _outputs(model, rows, select, src)
+        trained = model.output_logits(rows, select, src)
         # the decoder's view: causal text before the block, the block bidirectional among itself
         canvas = torch.cat([ids[: bs * 2], noisy[0, bs * 2:]])[None]
         pos = torch.arange(n)
@@ -146,7 +146,7 @@ def test_block_training_rows_copy_what_the_decoder_rows_copy(offset: int):
         row = q - 1
         sel = torch.zeros(1, n, dtype=torch.bool)
         sel[0, row] = True
-        decoded = _outputs(model, hidden, sel, CopyContext(pos[None], kvs[-1][0], canvas, mask[None]))
+        decoded = model.output_logits(hidden, sel, CopyContext(pos[None], kvs[-1][0], canvas, mask[None]))
     assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
 
 

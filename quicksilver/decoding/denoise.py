@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quicksilver.config import ModelConfig
 from quicksilver.decoding.constraints import Constraint
 from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
@@ -113,6 +114,11 @@ class _Plan:
     mask: torch.Tensor | None = None  # [T, S + T]; None: the model's own rule over the positions
     speculative: Layout | None = None  # self-speculative step: where its two copies of the block sit
     prefill: bool = False  # only writes prompt keys to the cache (chunked prefill): nothing to sample
+
+    def attention_mask(self, cfg: ModelConfig) -> torch.Tensor | None:
+        """[T, S + T] bool (True = attend) over the past then the inputs; None when every row sees every key."""
+        return self.mask if self.mask is not None else config_mask(cfg, self.positions,
+                                                                   torch.cat([self.past_positions, self.positions]))
 
 
 class DecodeState:
@@ -519,13 +525,14 @@ class Decoder:
         plans = [s.plan() for s in live]
         # ONE forward for every state, inputs packed without padding (an admitted prompt's prefill rides along
         # with the one-block decode steps of the others), then ONE vocabulary projection for all wanted rows
-        hidden, new_kvs = self._forward_packed(plans)
+        masks = [p.attention_mask(self.model.config) for p in plans]
+        hidden, new_kvs = self._forward_packed(plans, masks)
         # the loop's bookkeeping (canvas, policies, constraints) stays on the CPU: on an accelerator only the
         # forward runs there, and the wanted rows' logits come back once per step
         if self.model.copy_head is None:
             logits = self.model.logits(hidden).cpu()
         else:
-            logits = self._copy_outputs(live, plans, hidden, new_kvs).cpu()
+            logits = self._copy_outputs(live, plans, masks, hidden, new_kvs).cpu()
         logits_per_state = logits.split([p.logit_rows.numel() for p in plans])
         for st, plan, new_kv, logits in zip(live, plans, new_kvs, logits_per_state, strict=True):
             if plan.store is not None:
@@ -552,39 +559,37 @@ class Decoder:
             self.prefix_cache.insert(st.tokens[:whole], st.cache)
 
     def _copy_outputs(
-        self, live: list[DecodeState], plans: list[_Plan], hidden: torch.Tensor, new_kvs: list[list[KV]]
+        self, live: list[DecodeState], plans: list[_Plan], masks: list[torch.Tensor | None], hidden: torch.Tensor,
+        new_kvs: list[list[KV]],
     ) -> torch.Tensor:
         """A copy-head model's outputs for every plan's logit rows: each plan's rows point into its own keys (its
         past, then its inputs) with its attention mask, and copy those keys' tokens."""
-        cfg, device = self.model.config, self.model.device
+        device = self.model.device
         outs = []
-        for st, p, h, kv in zip(live, plans, hidden.split([p.logit_rows.numel() for p in plans]), new_kvs,
-                                strict=True):
+        for st, p, m, h, kv in zip(live, plans, masks, hidden.split([p.logit_rows.numel() for p in plans]), new_kvs,
+                                   strict=True):
             q = p.logit_rows.numel()
             keys = kv[-1][0] if p.past is None else torch.cat([p.past[-1][0], kv[-1][0]], dim=2)
-            key_positions = torch.cat([p.past_positions, p.positions])
-            m = p.mask if p.mask is not None else config_mask(cfg, p.positions, key_positions)
-            visible = torch.ones(q, key_positions.numel(), dtype=torch.bool) if m is None else m[p.logit_rows]
+            n_keys = p.past_positions.numel() + p.positions.numel()
+            visible = torch.ones(q, n_keys, dtype=torch.bool) if m is None else m[p.logit_rows]
             tokens = torch.cat([st.tokens[p.past_positions], p.input_ids])
             ctx = CopyContext(p.positions[p.logit_rows][None].to(device), keys, tokens[None].to(device),
                               visible[None].to(device))
             outs.append(self.model.output_logits(h[None], torch.ones(1, q, dtype=torch.bool, device=device), ctx))
         return torch.cat(outs)
 
-    def _forward_packed(self, plans: list[_Plan]) -> tuple[torch.Tensor, list[list[KV]]]:
-        """One forward for all plans, their inputs packed row after row (no padding): see
-        :meth:`Transformer.forward_packed`. Returns the hidden states of every plan's logit rows (plan after
-        plan) and per plan the per-layer new (k, v) of its inputs."""
-        cfg, device = self.model.config, self.model.device
-        masks: list[torch.Tensor | None] = []
-        for p in plans:
-            keys = torch.cat([p.past_positions, p.positions])
-            m = p.mask if p.mask is not None else config_mask(cfg, p.positions, keys)
-            m = additive_mask(m, self.model.dtype)
-            masks.append(None if m is None else m.to(device))
+    def _forward_packed(
+        self, plans: list[_Plan], masks: list[torch.Tensor | None]
+    ) -> tuple[torch.Tensor, list[list[KV]]]:
+        """One forward for all plans (``masks``: each one's :meth:`_Plan.attention_mask`), their inputs packed row
+        after row (no padding): see :meth:`Transformer.forward_packed`. Returns the hidden states of every plan's
+        logit rows (plan after plan) and per plan the per-layer new (k, v) of its inputs."""
+        device = self.model.device
+        additive = [additive_mask(m, self.model.dtype) for m in masks]
         return self.model.forward_packed(
             torch.cat([p.input_ids for p in plans]).to(device), torch.cat([p.positions for p in plans]).to(device),
-            [p.input_ids.numel() for p in plans], masks, [p.past for p in plans],
+            [p.input_ids.numel() for p in plans], [None if m is None else m.to(device) for m in additive],
+            [p.past for p in plans],
             output_rows=[p.logit_rows.to(device) for p in plans],
         )
 

@@ -62,11 +62,6 @@ class NoiseSettings:
     distill_weight: float = 0.0  # weight of the causal stream's KL from a teacher (the loss's ``teacher``)
 
 
-def _outputs(model: Transformer, hidden: torch.Tensor, select: torch.Tensor, ctx: CopyContext) -> torch.Tensor:
-    """The model's output (logits, or a copy head's log-probabilities) at the rows ``select`` of ``hidden``."""
-    return model.output_logits(hidden, select, ctx)
-
-
 @dataclass
 class LossOut:
     loss: torch.Tensor  # scalar to back-propagate
@@ -100,7 +95,7 @@ def _masked_loss(
     model: Transformer, hidden: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
     weight: torch.Tensor, s: NoiseSettings, ctx: CopyContext,
 ) -> LossOut:
-    logits = _outputs(model, hidden, masked, ctx)
+    logits = model.output_logits(hidden, masked, ctx)
     ce = F.cross_entropy(logits, targets[masked], reduction="none")
     w = weight[masked] / (t[masked] if s.weighting == "elbo" else 1.0)
     denom = weight.sum().clamp_min(1.0)
@@ -121,8 +116,8 @@ def mdlm_loss(
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
     mask = batch.same_doc().unsqueeze(1)
     hidden, kvs = model(noisy, batch.positions, mask=mask)
-    src = CopyContext(batch.positions, kvs[-1][0], noisy, mask[:, 0])
-    return _masked_loss(model, hidden, batch.ids, masked, t, weight, s, src)
+    ctx = CopyContext(batch.positions, kvs[-1][0], noisy, mask[:, 0])
+    return _masked_loss(model, hidden, batch.ids, masked, t, weight, s, ctx)
 
 
 def block_diffusion_mask(
@@ -156,7 +151,7 @@ def block_prediction_rows(
     stop: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, CopyContext, CopyContext]:
     """[B, L, d] hidden rows that predict each token of ``batch`` given the noisy stream ``noisy``, the
-    clean stream's hidden states [B, L, d], and the copy sources of both.
+    clean stream's hidden states [B, L, d], and the copy contexts of both.
 
     One forward over ``[x_t || x_0]``. Without token shift row i predicts token i. With it, hidden i - 1 predicts
     token i: inside a block from the noisy stream; at a block start from the clean stream, whose previous block is
@@ -223,17 +218,17 @@ def block_loss(
     if model.config.token_shift:  # a segment's first token has nothing before it to be predicted from
         masked, scored = masked & (batch.positions > 0), scored & (batch.positions > 0)
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
-    rows, clean, rows_src, clean_src = block_prediction_rows(model, batch, noisy, cut, stop)
-    out = _masked_loss(model, rows, batch.ids, scored, t, weight, s, rows_src)
+    rows, clean, rows_ctx, clean_ctx = block_prediction_rows(model, batch, noisy, cut, stop)
+    out = _masked_loss(model, rows, batch.ids, scored, t, weight, s, rows_ctx)
     if s.ar_weight > 0:
         if not (model.config.causal_context and model.config.token_shift):
             raise ValueError("ar_weight needs a model with causal_context and token_shift (a causal clean stream)")
-        ar = _next_token_loss(model, clean, batch, clean_src)
+        ar = _next_token_loss(model, clean, batch, clean_ctx)
         out = LossOut(out.loss + s.ar_weight * ar.loss, out.ce, out.scored + ar.scored, out.answer_tokens)
     if s.distill_weight > 0:
         if not model.config.causal_context:
             raise ValueError("distill_weight needs a model with causal_context (a causal clean stream)")
-        out = _with_distillation(out, model, clean, batch, s, teacher, clean_src)
+        out = _with_distillation(out, model, clean, batch, s, teacher, clean_ctx)
     return out
 
 
@@ -252,20 +247,20 @@ def _shifted(select: torch.Tensor) -> torch.Tensor:
 
 
 def _causal_outputs(
-    model: Transformer, hidden: torch.Tensor | None, batch: Batch, src: CopyContext | None
+    model: Transformer, hidden: torch.Tensor | None, batch: Batch, ctx: CopyContext | None
 ) -> torch.Tensor:
     """The model's outputs at the causal rows that predict answer tokens (``_answer_rows``)."""
     scored = _shifted(_answer_rows(batch))
-    if src is None:  # a model run here on its own (a teacher): its causal forward over the batch
+    if ctx is None:  # a model run here on its own (a teacher): its causal forward over the batch
         mask = _causal_mask(batch)
         hidden, kvs = model(batch.ids, batch.positions, mask=mask)
-        src = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0])
-    return _outputs(model, hidden, scored, src)
+        ctx = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0])
+    return model.output_logits(hidden, scored, ctx)
 
 
 def _with_distillation(
     out: LossOut, model: Transformer, hidden: torch.Tensor, batch: Batch, s: NoiseSettings,
-    teacher: Transformer | None, src: CopyContext,
+    teacher: Transformer | None, ctx: CopyContext,
 ) -> LossOut:
     """``out`` plus ``distill_weight`` x the mean KL(teacher || model) of the next-token distributions that the
     causal hidden states ``hidden`` give over the answer tokens."""
@@ -274,16 +269,16 @@ def _with_distillation(
     scored = _answer_rows(batch)
     with torch.no_grad():
         target = F.log_softmax(_causal_outputs(teacher, None, batch, None), dim=-1)
-    logp = F.log_softmax(_causal_outputs(model, hidden, batch, src), dim=-1)
+    logp = F.log_softmax(_causal_outputs(model, hidden, batch, ctx), dim=-1)
     kl = F.kl_div(logp, target, log_target=True, reduction="sum") / max(int(scored.sum()), 1)
     return LossOut(out.loss + s.distill_weight * kl, out.ce, out.scored + int(scored.sum()), out.answer_tokens)
 
 
-def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch, src: CopyContext) -> LossOut:
+def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch, ctx: CopyContext) -> LossOut:
     """Mean next-token cross-entropy of the answer tokens (EOS included) from causal hidden states."""
     # hidden i predicts token i+1 of the same segment when that token is part of the answer
     scored = _answer_rows(batch)
-    logits = _causal_outputs(model, hidden, batch, src)
+    logits = _causal_outputs(model, hidden, batch, ctx)
     ce = F.cross_entropy(logits, batch.ids[:, 1:][scored], reduction="sum")
     n = int(scored.sum())
     loss = ce / max(n, 1)
@@ -295,9 +290,9 @@ def ar_loss(
 ) -> LossOut:
     mask = _causal_mask(batch)
     hidden, kvs = model(batch.ids, batch.positions, mask=mask)
-    src = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0])
-    out = _next_token_loss(model, hidden, batch, src)
-    return _with_distillation(out, model, hidden, batch, s, teacher, src) if s.distill_weight > 0 else out
+    ctx = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0])
+    out = _next_token_loss(model, hidden, batch, ctx)
+    return _with_distillation(out, model, hidden, batch, s, teacher, ctx) if s.distill_weight > 0 else out
 
 
 Loss = Callable[..., LossOut]  # (model, batch, settings, generator, teacher=None)
