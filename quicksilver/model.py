@@ -540,12 +540,27 @@ class Transformer(nn.Module):
     def output_logits(self, hidden: torch.Tensor, select: torch.Tensor, ctx: CopyContext | None) -> torch.Tensor:
         """The model's output for the rows ``select`` [G, Q] (bool) of ``hidden`` [G, Q, d], [N, V] float32:
         logits, or with a copy head the mixture's log-probabilities (``ctx``: what the head points into)."""
+        return self.outputs_and_pointer_nll(hidden, select, ctx)[0]
+
+    def outputs_and_pointer_nll(
+        self, hidden: torch.Tensor, select: torch.Tensor, ctx: CopyContext | None, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``output_logits`` and, given the rows' ``targets`` [N] and a copy head, the pointers' own NLL of each
+        target, heads averaged, for the rows whose target is a token they may copy: [M] (M <= N). Training
+        the pointers on it, whatever the gate gives them, is the pointer loss (``pointer_weight``)."""
         logits = self.logits(hidden[select])
         if self.copy_head is None:
-            return logits
+            return logits, None
         pointers, gate = self.copy_head.pointer_weights(hidden, ctx)
         group = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(select)[select]
-        return CopyHead.mix(logits, pointers[select], gate[select], ctx.tokens[group])
+        pointers, tokens = pointers[select], ctx.tokens[group]
+        out = CopyHead.mix(logits, pointers, gate[select], tokens)
+        if targets is None:
+            return out, None
+        copyable = (tokens == targets[:, None]) & ctx.visible[select] & (tokens != self.config.mask_token_id)
+        rows = copyable.any(-1)
+        mass = (pointers[rows] * copyable[rows, None, :]).sum(-1).mean(-1)  # [M]
+        return out, -mass.clamp_min(1e-30).log()
 
 
 def count_flops_per_token(cfg: ModelConfig) -> float:

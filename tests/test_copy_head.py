@@ -181,3 +181,69 @@ def test_serving_variants_keep_the_copy_head_float_and_answer_alike(variant: str
     got = [Decoder(served, tok).generate(p, params).token_ids for p in PROMPTS]
     # int8 rounds every product: most answers, not all, stay token for token the same
     assert sum(g == w for g, w in zip(got, want, strict=True)) >= (4 if variant.startswith("fp32") else 2)
+
+
+def test_pointer_nll_is_the_pointers_mass_on_each_copyable_target():
+    model = copying_model("causal", seed=2)
+    tok = tiny_tokenizer()
+    ids = torch.tensor(tok.encode("yes no true yes no null"))
+    n = ids.numel()
+    positions = torch.arange(n)[None]
+    mask = torch.tril(torch.ones(n, n, dtype=torch.bool))[None]
+    with torch.no_grad():
+        hidden, kvs = model(ids[None], positions, mask=mask[:, None])
+        ctx = CopyContext(positions, kvs[-1][0], ids[None], mask)
+        select = torch.ones(1, n, dtype=torch.bool)
+        select[0, -1] = False  # the last row has no next token
+        targets = ids[1:]
+        out, nll = model.outputs_and_pointer_nll(hidden, select, ctx, targets)
+        assert torch.equal(out, model.output_logits(hidden, select, ctx))
+        pointers, _ = model.copy_head.pointer_weights(hidden, ctx)
+    want = []
+    for row in range(n - 1):
+        hits = ids[: row + 1] == targets[row]  # a row may copy the tokens up to its own
+        if hits.any():
+            want.append(-torch.log(pointers[0, row][:, : row + 1][:, hits].sum(-1).mean()))
+    assert len(want) < n - 1  # some targets were not in sight: they have no pointer loss
+    assert torch.allclose(nll, torch.stack(want), atol=1e-5)
+
+
+def test_pointer_loss_teaches_the_pointers_to_find_the_target():
+    from quicksilver.train.objectives import NoiseSettings, ar_loss
+    from quicksilver.train.packing import RESPONSE
+
+    torch.manual_seed(0)
+    model = tiny_model("causal", seed=4, copy_head=True)
+    model.copy_head.reset_parameters()
+    gen = torch.Generator().manual_seed(1)
+    half = 12
+
+    def batch() -> Batch:  # random tokens, then the same tokens again: the second half is all copies
+        first = torch.randint(10, 200, (4, half), generator=gen)
+        ids = torch.cat([first, first], 1)
+        region = torch.full_like(ids, RESPONSE)
+        return Batch(ids=ids, positions=torch.arange(2 * half).expand(4, -1), doc=torch.zeros_like(ids),
+                     region=region, samples=4)
+
+    def pointer_nll(b: Batch) -> float:
+        with torch.no_grad():
+            mask = _causal_mask(b)
+            hidden, kvs = model(b.ids, b.positions, mask=mask)
+            ctx = CopyContext(b.positions, kvs[-1][0], b.ids, mask[:, 0])
+            select = torch.zeros_like(b.ids, dtype=torch.bool)
+            select[:, half - 1 : -1] = True  # rows whose target is a copy
+            return float(model.outputs_and_pointer_nll(hidden, select, ctx, b.ids[:, half:].flatten())[1].mean())
+
+    held_out = batch()
+    settings = NoiseSettings(pointer_weight=1.0)
+    plain = ar_loss(model, held_out, NoiseSettings(), gen).loss
+    with_pointers = ar_loss(model, held_out, settings, gen).loss
+    assert float(with_pointers) > float(plain)  # the pointer loss is added, and it is positive
+    before = pointer_nll(held_out)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        opt.zero_grad()
+        ar_loss(model, batch(), settings, gen).loss.backward()
+        opt.step()
+    after = pointer_nll(held_out)
+    assert after < 0.5 * before, (before, after)

@@ -354,7 +354,7 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     )
     loss_fn = LOSSES[recipe.objective]
     noise = NoiseSettings(tr.t_min, tr.t_max, tr.weighting, recipe.data.pad_weight, tr.ar_weight, tr.draft_fraction,
-                          tr.draft_span, tr.distill_weight)
+                          tr.draft_span, tr.distill_weight, tr.pointer_weight)
     teacher = load_teacher(tr.teacher, cfg, device) if tr.teacher else None
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if tr.bf16 else nullcontext
     reporter = _Reporter(run_dir, world.is_main, opts.progress, total, step)

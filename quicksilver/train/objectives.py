@@ -60,6 +60,8 @@ class NoiseSettings:
     draft_fraction: float = 0.0  # block objective with causal_context: share of blocks noised as decode drafts
     draft_span: int = 0  # noisy rows of a draft-layout block from its cut (0: to the block's end)
     distill_weight: float = 0.0  # weight of the causal stream's KL from a teacher (the loss's ``teacher``)
+    # copy head: weight of the pointers' own NLL of every scored target they could copy (per answer token)
+    pointer_weight: float = 0.0
 
 
 @dataclass
@@ -95,11 +97,13 @@ def _masked_loss(
     model: Transformer, hidden: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
     weight: torch.Tensor, s: NoiseSettings, ctx: CopyContext,
 ) -> LossOut:
-    logits = model.output_logits(hidden, masked, ctx)
+    logits, pointer_nll = _scored_outputs(model, hidden, masked, ctx, targets[masked], s)
     ce = F.cross_entropy(logits, targets[masked], reduction="none")
     w = weight[masked] / (t[masked] if s.weighting == "elbo" else 1.0)
     denom = weight.sum().clamp_min(1.0)
     loss = (ce * w).sum() / denom
+    if pointer_nll is not None:
+        loss = loss + s.pointer_weight * pointer_nll.sum() / denom
     mean_ce = float(ce.detach().mean()) if ce.numel() else 0.0
     return LossOut(loss, mean_ce, int(masked.sum()), float(denom))
 
@@ -223,7 +227,7 @@ def block_loss(
     if s.ar_weight > 0:
         if not (model.config.causal_context and model.config.token_shift):
             raise ValueError("ar_weight needs a model with causal_context and token_shift (a causal clean stream)")
-        ar = _next_token_loss(model, clean, batch, clean_ctx)
+        ar = _next_token_loss(model, clean, batch, clean_ctx, s)
         out = LossOut(out.loss + s.ar_weight * ar.loss, out.ce, out.scored + ar.scored, out.answer_tokens)
     if s.distill_weight > 0:
         if not model.config.causal_context:
@@ -274,15 +278,32 @@ def _with_distillation(
     return LossOut(out.loss + s.distill_weight * kl, out.ce, out.scored + int(scored.sum()), out.answer_tokens)
 
 
-def _next_token_loss(model: Transformer, hidden: torch.Tensor, batch: Batch, ctx: CopyContext) -> LossOut:
-    """Mean next-token cross-entropy of the answer tokens (EOS included) from causal hidden states."""
+def _next_token_loss(
+    model: Transformer, hidden: torch.Tensor, batch: Batch, ctx: CopyContext, s: NoiseSettings
+) -> LossOut:
+    """Mean next-token cross-entropy of the answer tokens (EOS included) from causal hidden states (and the
+    pointer loss, with ``pointer_weight``)."""
     # hidden i predicts token i+1 of the same segment when that token is part of the answer
     scored = _answer_rows(batch)
-    logits = _causal_outputs(model, hidden, batch, ctx)
-    ce = F.cross_entropy(logits, batch.ids[:, 1:][scored], reduction="sum")
+    targets = batch.ids[:, 1:][scored]
+    logits, pointer_nll = _scored_outputs(model, hidden, _shifted(scored), ctx, targets, s)
+    ce = F.cross_entropy(logits, targets, reduction="sum")
     n = int(scored.sum())
     loss = ce / max(n, 1)
-    return LossOut(loss, float(loss.detach()), n, float(n))
+    out = LossOut(loss, float(loss.detach()), n, float(n))
+    if pointer_nll is not None:
+        out.loss = loss + s.pointer_weight * pointer_nll.sum() / max(n, 1)
+    return out
+
+
+def _scored_outputs(
+    model: Transformer, hidden: torch.Tensor, select: torch.Tensor, ctx: CopyContext, targets: torch.Tensor,
+    s: NoiseSettings,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The outputs at the scored rows, and the pointers' NLL of the copyable targets when the pointer loss is on."""
+    if s.pointer_weight > 0 and model.copy_head is not None:
+        return model.outputs_and_pointer_nll(hidden, select, ctx, targets)
+    return model.output_logits(hidden, select, ctx), None
 
 
 def ar_loss(
@@ -291,7 +312,7 @@ def ar_loss(
     mask = _causal_mask(batch)
     hidden, kvs = model(batch.ids, batch.positions, mask=mask)
     ctx = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0])
-    out = _next_token_loss(model, hidden, batch, ctx)
+    out = _next_token_loss(model, hidden, batch, ctx, s)
     return _with_distillation(out, model, hidden, batch, s, teacher, ctx) if s.distill_weight > 0 else out
 
 

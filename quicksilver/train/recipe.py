@@ -75,6 +75,9 @@ class TrainSpec(_Strict):
     # learning rate of a copy head's weights relative to ``lr``: a head grafted onto trained weights starts with
     # little of the output's mass, so its gradients are small while the rest is already trained
     copy_head_lr_scale: float = Field(1.0, gt=0)
+    # copy head: weight of the pointers' own NLL of every scored target they could copy, whatever the gate gives
+    # them (the mixture's loss alone trains pointers only as far as the gate already trusts them)
+    pointer_weight: float = Field(0.0, ge=0)
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(1, gt=0)
@@ -103,6 +106,12 @@ class Recipe(_Strict):
     data: DataSpec = DataSpec()
     train: TrainSpec = TrainSpec()
     generation: GenerationSpec = GenerationSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> Recipe:
+        if self.train.pointer_weight > 0 and not self.model.copy_head:
+            raise ValueError("train.pointer_weight needs a copy head (model.copy_head: true)")
+        return self
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "recipe") -> Recipe:
