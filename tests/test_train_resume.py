@@ -73,6 +73,7 @@ def test_init_from_with_new_schedule_restarts_steps_and_continues_the_data(tmp_p
     new_state = json.loads((again.export_dir / "training_state.json").read_text())
     assert new_state["data_positions"][0] > state["data_positions"][0]  # unseen rows, not the start again
     assert new_state["warm_start"]["step"] == 5  # what the weights already cost is recorded
+    assert new_state["warm_start"]["recipe"] == state["recipe"]  # and what that stage trained
 
 
 def test_cli_trains_exports_and_plots(tmp_path: Path, capsys):

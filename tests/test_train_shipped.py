@@ -33,24 +33,29 @@ def test_twins_share_size_tokenizer_and_training_budget():
     states = [json.loads((MODELS_DIR / n / "training_state.json").read_text()) for n in ("default", "ar-twin")]
     assert states[0]["objective"] == "block" and states[1]["objective"] == "ar"
     assert all(s["step"] > 0 and s["tokens_seen"] > 0 for s in states)
-    # same budget: the diffusion model's steps (plus those of the AR weights it started from, if any) = the twin's
-    base = answer_training(states[0])
-    warm = base.get("warm_start") or {"step": 0, "tokens_seen": 0}
-    assert base["step"] + warm["step"] == states[1]["step"]
-    assert base["tokens_seen"] + warm["tokens_seen"] == states[1]["tokens_seen"]
-    assert base["data_positions"] == states[1]["data_positions"]  # and the same rows
+    # same budget: the stages behind each model's answers add up to the same steps and tokens, and the last of
+    # them ended at the same position of the shared data stream (so both read the same rows)
+    default_stages, twin_stages = answer_stages(states[0]), answer_stages(states[1])
+    assert sum(s["step"] for s in default_stages) == sum(s["step"] for s in twin_stages)
+    assert sum(s["tokens_seen"] for s in default_stages) == sum(s["tokens_seen"] for s in twin_stages)
+    assert default_stages[0]["data_positions"] == twin_stages[0]["data_positions"]
 
 
-def answer_training(state: dict) -> dict:
-    """The training behind a model's answers: a last stage that trained its drafts on its own answers while its
-    causal stream (the answers, under self_speculative) learned only to match its earlier weights (ar_weight 0, a
-    teacher) is set aside, and the state it started from returned. The twin has no drafts to match such a stage;
-    the model card reports its steps and time."""
-    train = state.get("recipe", {}).get("train", {})
-    if train.get("ar_weight") == 0 and train.get("distill_weight", 0) > 0:
-        assert state["warm_start"]["objective"] == state["objective"]  # the same model, drafts distilled
-        return state["warm_start"]
-    return state
+def answer_stages(state: dict) -> list[dict]:
+    """The training stages behind a model's answers, latest first (a state and the ``warm_start`` chain it
+    started from). A stage that trained only the drafts on the model's own answers, while its causal stream (the
+    answers, under self_speculative) learned only to match its earlier weights (ar_weight 0, a teacher), is set
+    aside: the twin has no drafts to match it. The model card reports its steps and time."""
+    stages = []
+    while state:
+        train = (state.get("recipe") or {}).get("train", {})
+        drafts_only = train.get("ar_weight") == 0 and train.get("distill_weight", 0) > 0
+        if drafts_only:
+            assert state["warm_start"]["objective"] == state["objective"]  # the same model, drafts distilled
+        else:
+            stages.append(state)
+        state = state.get("warm_start")
+    return stages
 
 
 def test_default_decodes_several_tokens_per_forward_when_confident():

@@ -339,8 +339,10 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
                 samples_seen, train_seconds = int(state["samples_seen"]), float(state["train_seconds"])
                 warm_start = state.get("warm_start")
             else:  # a new run (another objective, or a new schedule): record what its weights already cost
+                # its recipe too: what a stage trained (e.g. only the drafts) decides whether it counts toward
+                # a model's matched budget (tests/test_train_shipped.py)
                 warm_start = {k: state.get(k) for k in ("objective", "step", "tokens_seen", "samples_seen",
-                                                         "train_seconds", "data_positions", "warm_start")}
+                                                         "train_seconds", "data_positions", "recipe", "warm_start")}
         if opts.data_start is not None:
             positions = [opts.data_start]
         if step >= total:
