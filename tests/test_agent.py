@@ -309,3 +309,19 @@ def test_search_tool_runs_on_the_given_torch_thread(monkeypatch, tmp_path):
         assert worker.submit(on_worker, {"query": "arches"}).result(timeout=10) == "[1] arches"
     assert ran_on[0].startswith("model-thread") and ran_on[1] == threading.current_thread().name
     assert ran_on[2].startswith("model-thread")
+
+
+def test_search_tool_caps_the_passages_a_call_may_ask_for(monkeypatch, tmp_path):
+    """--search-k is the most a call gets: the schema the model sees says so, and a larger request is cut."""
+    import quicksilver.rag.chat as rag_chat
+
+    asked = []
+    monkeypatch.setattr(rag_chat, "open_index", lambda path: None)
+    monkeypatch.setattr(rag_chat, "run_search_tool",
+                        lambda index_path, args, default_k: (asked.append(args.get("k", default_k)), ("ok", []))[1])
+    [tool] = build_tools(["search_documents"], index_path=tmp_path / "i.sqlite", search_k=2)
+    assert tool.spec()["function"]["parameters"]["properties"]["k"]["maximum"] == 2
+    assert rag_chat.SEARCH_TOOL["function"]["parameters"]["properties"]["k"]["maximum"] == 20  # shared one untouched
+    for args in ({"query": "a", "k": 10}, {"query": "b", "k": 1}, {"query": "c"}):
+        assert tool(args) == "ok"
+    assert asked == [2, 1, 2]

@@ -12,6 +12,7 @@ model can read and react to.
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import math
 import operator
@@ -270,18 +271,23 @@ def python_tool(timeout: float = 10.0) -> Tool:
 
 # ----------------------------------------------------------------------------------------------- search
 def search_tool(index_path: str | Path, k: int = 4, torch_thread: Executor | None = None) -> Tool:
-    """``torch_thread``: run the search (it embeds the query) there, e.g. the model thread of a server in this
+    """``k``: passages per search, and the most a call may ask for: the tool's schema says so (a constrained call
+    cannot ask for more) and a larger request is cut to it, so the model cannot fill its context with passages.
+    ``torch_thread``: run the search (it embeds the query) there, e.g. the model thread of a server in this
     process: with libgomp a second thread running torch code slows that server's forwards (engine.model_thread)."""
     from quicksilver.rag.chat import SEARCH_TOOL, open_index, run_search_tool
 
     open_index(index_path)  # fail now (missing file) rather than at the first call
-    tool = Tool("search_documents", SEARCH_TOOL["function"]["description"], SEARCH_TOOL["function"]["parameters"],
-                lambda args: "")
+    parameters = copy.deepcopy(SEARCH_TOOL["function"]["parameters"])
+    parameters["properties"]["k"]["maximum"] = k
+    tool = Tool("search_documents", SEARCH_TOOL["function"]["description"], parameters, lambda args: "")
 
     # a call made on that (one-thread) executor itself runs inline: waiting for it there would never return
     worker_ident = torch_thread.submit(threading.get_ident).result() if torch_thread is not None else None
 
     def search(args: dict) -> str:
+        if isinstance(args, dict) and isinstance(args.get("k"), int | float) and args["k"] > k:
+            args = {**args, "k": k}
         if torch_thread is None or threading.get_ident() == worker_ident:
             text, sources = run_search_tool(index_path, args, default_k=k)
         else:

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index", help="document index for search_documents")
     p.add_argument("--root", help="folder the file tools may read")
     p.add_argument("--search-k", type=int, default=4,
-                   help="passages per search_documents call when the model does not ask for a number")
+                   help="passages per search_documents call: the default, and the most the model may ask for")
     p.add_argument("--max-steps", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn")
     p.add_argument("--temperature", type=float)
