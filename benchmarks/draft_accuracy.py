@@ -12,9 +12,7 @@ causal clean stream, then masks from f on (as many as the decoder's noisy rows).
 * the exact walk replayed over these drafts (commit the frontier, go on while the fed draft is right; at most
   8 drafts) with ``S`` draft sets per forward: set a conditioned on the first a - 1 fed
   drafts, as TiDAR pre-drafts for every outcome. The decoder today has one set (S = 1), so that row should
-  come close to the measured figure; the others say what building more sets would give before building them;
-* the same walk (one set) fed prompt-lookup drafts (the tokens that followed the latest earlier occurrence of
-  the last n tokens, in the prompt or the answer so far) instead of, or on top of, the model's drafts.
+  come close to the measured figure; the others say what building more sets would give before building them.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ from quicksilver.tasks import SUITE
 OFFSETS = 8  # drafts verified per forward by one request (speculative.WINDOWS)
 NOISY_ROWS = SelfSpeculation(1, 0, OFFSETS).span  # the decoder's noisy rows at that window
 SETS = (1, 2, 4, 8)
-LOOKUP_MODES = ("off", "agree", "replace")
 
 
 def teacher_forced_drafts(model, seq: torch.Tensor, start: int, cross: bool) -> dict[int, dict[int, int]]:
@@ -52,33 +49,13 @@ def teacher_forced_drafts(model, seq: torch.Tensor, start: int, cross: bool) -> 
     return out
 
 
-def lookup_drafts(seq: torch.Tensor, f: int, n: int, window: int) -> dict[int, int]:
-    """Prompt-lookup drafts for f, f + 1, ...: the tokens that followed the latest earlier occurrence of the n
-    (else n - 1, ... 1) tokens before f, up to ``window`` of them and not past f (what is known at f)."""
-    for m in range(n, 0, -1):
-        if f - m < 1:
-            continue
-        key, windows = seq[f - m : f], seq[:f].unfold(0, m, 1)[:-1]
-        hits = (windows == key).all(1).nonzero().flatten()
-        if hits.numel():
-            j = int(hits[-1]) + m
-            return {f + i: int(t) for i, t in enumerate(seq[j : min(j + window, f)])}
-    return {}
-
-
 def replay_walk(
-    seq: torch.Tensor, start: int, drafts_at: dict[int, dict[int, int]], block: int | None, sets: int, window: int,
-    lookup: str = "off", lookup_n: int = 3,
+    seq: torch.Tensor, start: int, drafts_at: dict[int, dict[int, int]], block: int | None, sets: int, window: int
 ):
     """(tokens, forwards) of the exact walk over the answer with ``sets`` draft sets per forward, at most
-    ``window`` drafts verified per forward, not past the block's end unless ``block`` is None. ``lookup``:
-    "replace" feeds prompt-lookup drafts (``lookup_drafts``) instead of the model's wherever a match exists,
-    "agree" only where the lookup's first draft is the model's; "off" feeds the model's."""
+    ``window`` drafts verified per forward, not past the block's end unless ``block`` is None."""
     f, drafts, tokens, forwards = start, {}, 0, 0
     while f < len(seq):
-        found = lookup_drafts(seq, f, lookup_n, window) if lookup != "off" else {}
-        if found and (lookup == "replace" or drafts.get(f) == found[f]):
-            drafts = drafts | found
         end = len(seq) if block is None else (f // block + 1) * block
         p = f
         while p < min(end - 1, f + window, len(seq) - 1) and drafts.get(p) == int(seq[p]):
@@ -97,7 +74,6 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=OFFSETS, help="drafts the replayed walk verifies per forward")
     ap.add_argument("--stop-at-block-ends", action="store_true",
                     help="replay drafts and a walk that stop at model block ends (the decoder before session 15)")
-    ap.add_argument("--lookup-n", type=int, default=3, help="longest n-gram the prompt-lookup replay matches")
     args = ap.parse_args()
     torch.set_num_threads(1)
     loaded = load_model(args.model, dtype=torch.float32)  # float32: the replay's drafts are the decoder's own
@@ -108,7 +84,6 @@ def main() -> None:
     right, runs, seen = torch.zeros(OFFSETS), torch.zeros(OFFSETS), torch.zeros(OFFSETS)
     measured = [0, 0]
     replays = {s: [0, 0] for s in SETS}
-    lookups = {mode: [0, 0] for mode in LOOKUP_MODES}
     prompts = suite_prompts(tok, tasks, args.per_task)
     for prompt in prompts:
         state = dec.start(prompt.ids, params.replace(max_tokens=prompt.max_tokens))
@@ -135,10 +110,6 @@ def main() -> None:
             t, fw = replay_walk(seq, m, drafts_at, block, s, args.window)
             replays[s][0] += t
             replays[s][1] += fw
-        for mode in LOOKUP_MODES:
-            t, fw = replay_walk(seq, m, drafts_at, None, 1, args.window, mode, args.lookup_n)
-            lookups[mode][0] += t
-            lookups[mode][1] += fw
     print(f"{len(prompts)} suite prompts ({', '.join(tasks)}), model {args.model}, float32, replay window "
           f"{args.window}{', stopping at block ends' if args.stop_at_block_ends else ''}")
     print(f"measured self_speculative: {measured[0] / measured[1]:.2f} tokens/forward (prefill included)")
@@ -150,10 +121,6 @@ def main() -> None:
     print("|---" * (len(SETS) + 1) + "|")
     print("| replayed exact walk, tokens/forward (answer steps) | "
           + " | ".join(f"{t / fw:.2f}" for t, fw in replays.values()) + " |")
-    print(f"| prompt-lookup drafts (n-gram {args.lookup_n}, one set) | " + " | ".join(LOOKUP_MODES) + " |")
-    print("|---" * (len(LOOKUP_MODES) + 1) + "|")
-    print("| replayed exact walk, tokens/forward (answer steps) | "
-          + " | ".join(f"{t / fw:.2f}" for t, fw in lookups.values()) + " |")
 
 
 if __name__ == "__main__":
