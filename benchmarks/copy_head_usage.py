@@ -41,10 +41,11 @@ def main() -> None:
             mask = torch.ones(t, t, dtype=torch.bool).tril()[None]
             with torch.no_grad():
                 hidden, kvs = model(ids, pos, mask=mask[:, None])
-                pointers, gate = model.copy_head.pointer_weights(hidden, CopyContext(pos, kvs[-1][0], ids, mask))
+                pointers = model.copy_head.pointer_weights(hidden, CopyContext(pos, kvs[-1][0], ids, mask, pos))[0]
+                gate = pointers.gate[None]
                 logits = model.logits(hidden[0])
                 vocab = torch.softmax(logits, -1)
-                mixed = CopyHead.mix(logits, pointers[0], gate[0], ids.expand(t, t)).exp()
+                mixed = CopyHead.mix(logits, pointers).exp()
             for j, target in enumerate(a_ids):
                 row = len(p_ids) + j - 1  # row i predicts token i + 1
                 s = totals["in prompt" if target in p_ids else "not in prompt"]

@@ -64,6 +64,9 @@ class ModelConfig:
     # a pointer over the context (quicksilver.model.CopyHead): the output mixes the vocabulary distribution with
     # copies of tokens the position can see. Our own models only; no real checkpoint family has one
     copy_head: bool = False
+    # the copy head also has induction pointers: each points at a key and copies the token after it (the
+    # continuation of a value it is copying)
+    copy_head_induction: bool = False
     eos_token_id: int = 1
     pad_token_id: int = 2
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end a response
@@ -91,6 +94,8 @@ class ModelConfig:
             raise ConfigError("causal_context applies to block_causal models only")
         if self.attention_mode == "causal" and not self.token_shift:
             raise ConfigError("a causal (autoregressive) model must have token_shift=true")
+        if self.copy_head_induction and not self.copy_head:
+            raise ConfigError("copy_head_induction needs copy_head")
 
     @property
     def end_token_ids(self) -> list[int]:

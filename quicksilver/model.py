@@ -339,12 +339,29 @@ class Block(nn.Module):
 class CopyContext:
     """What a copy head reads besides the rows' hidden states, for rows grouped by the keys they attend to (G
     groups of Q rows over S keys): the rows' positions [G, Q], the last layer's keys [G, KV, S, D] (rotated), those
-    keys' input tokens [G, S] and which keys each row may attend to [G, Q, S] (the attention mask's rows)."""
+    keys' input tokens [G, S], which keys each row may attend to [G, Q, S] (the attention mask's rows) and the
+    keys' positions [G, S] (induction pointers only: which key holds the token after a key)."""
 
     query_positions: torch.Tensor
     keys: torch.Tensor
     tokens: torch.Tensor
     visible: torch.Tensor
+    key_positions: torch.Tensor | None = None
+
+
+@dataclass
+class Pointers:
+    """A copy head's pointers for N rows over S keys: probabilities [N, P, S] (zero where a pointer cannot land),
+    the gate's mixture weights [N, 1 + P] (vocabulary first) and the token each pointer copies from each key [N, P, S]
+    (the key's own token, or for an induction pointer the token after it). ``pointer_weights`` gives them with
+    the rows' group and index as leading dimensions."""
+
+    probs: torch.Tensor
+    gate: torch.Tensor
+    values: torch.Tensor
+
+    def __getitem__(self, select: torch.Tensor) -> Pointers:
+        return Pointers(self.probs[select], self.gate[select], self.values[select])
 
 
 class CopyHead(nn.Module):
@@ -356,51 +373,84 @@ class CopyHead(nn.Module):
     and cached, so decoding needs no new cache). Each head's softmax over the keys the row may attend to, with the
     keys' tokens as values, is a distribution over copied tokens; a gate mixes the vocabulary distribution with
     the heads'. Keys holding a mask token are never copied: they say nothing yet.
+
+    With ``copy_head_induction`` each key/value head has a second, induction pointer: it copies the token *after*
+    the key it points at, where the row may see that token too. Having copied "56" of "5678", a row can point at
+    the "56" in the prompt (its own input token) and copy the "78" that follows, as an induction head would.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         assert cfg.head_dim is not None
         self.n_kv, self.head_dim = cfg.num_key_value_heads, cfg.head_dim
+        self.n_pointers = self.n_kv * (2 if cfg.copy_head_induction else 1)  # copy pointers, then induction ones
         self.rot_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
         self.rope_theta, self.mask_token_id = cfg.rope_theta, cfg.mask_token_id
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
-        self.gate = nn.Linear(cfg.hidden_size, 1 + self.n_kv)
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_pointers * self.head_dim, bias=False)
+        self.gate = nn.Linear(cfg.hidden_size, 1 + self.n_pointers)
 
     def reset_parameters(self) -> None:
         """Start close to the model without the head: no query (uniform pointers) and a gate that gives the
-        pointers 1 - e^4 / (e^4 + KV) of the mass (3.5% with two heads): enough gradient to learn from."""
+        pointers P / (e^4 + P) of the mass (3.5% with two, 6.8% with four): enough gradient to learn from."""
         nn.init.zeros_(self.q_proj.weight)
         nn.init.zeros_(self.gate.weight)
         with torch.no_grad():
-            self.gate.bias.copy_(torch.tensor([4.0] + [0.0] * self.n_kv))
+            self.gate.bias.copy_(torch.tensor([4.0] + [0.0] * self.n_pointers))
 
-    def pointer_weights(self, hidden: torch.Tensor, ctx: CopyContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-head pointers and the gate for hidden states [G, Q, d]: pointer probabilities [G, Q, KV, S] (zero
-        where nothing can be copied) and the gate's mixture weights [G, Q, 1 + KV] (vocabulary first)."""
+    def pointer_weights(self, hidden: torch.Tensor, ctx: CopyContext) -> Pointers:
+        """The pointers of every row of ``hidden`` [G, Q, d] (as [G, Q, ...] tensors)."""
         g, q_len, _ = hidden.shape
-        q = self.q_proj(hidden).view(g, q_len, self.n_kv, self.head_dim).transpose(1, 2)
+        q = self.q_proj(hidden).view(g, q_len, self.n_pointers, self.head_dim).transpose(1, 2)
         cos, sin = rope_cos_sin(ctx.query_positions, self.rot_dim, self.rope_theta, q.dtype)
         q = apply_rope(q, cos, sin)
-        scores = (q.float() @ ctx.keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [G, KV, Q, S]
-        allowed = (ctx.visible & (ctx.tokens != self.mask_token_id).unsqueeze(1)).unsqueeze(1)
+        keys = ctx.keys.repeat(1, self.n_pointers // self.n_kv, 1, 1)  # pointer p reads key/value head p % KV
+        scores = (q.float() @ keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [G, P, Q, S]
+        copyable = ctx.visible & (ctx.tokens != self.mask_token_id).unsqueeze(1)  # [G, Q, S]
+        tokens = ctx.tokens.unsqueeze(1).expand(-1, q_len, -1)  # [G, Q, S]
+        allowed, values = [copyable] * self.n_kv, [tokens] * self.n_kv
+        if self.n_pointers > self.n_kv:
+            nxt = self._following(ctx)
+            allowed += [copyable & (nxt != self.mask_token_id)] * self.n_kv
+            values += [nxt] * self.n_kv
+        allowed = torch.stack(allowed, 1)  # [G, P, Q, S]
         scores = scores.masked_fill(~allowed, float("-inf"))
-        pointers = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no key left: all zero
-        gate = torch.softmax(self.gate(hidden).float(), dim=-1)
-        # no key to copy from: all of the mass to the vocabulary (and no gradient into an empty pointer)
-        nothing = ~allowed.any(-1).squeeze(1)  # [G, Q]
-        gate = torch.where(nothing.unsqueeze(-1), F.one_hot(gate.new_zeros(g, q_len).long(), gate.shape[-1]).float(),
-                           gate)
-        return pointers.transpose(1, 2), gate
+        pointers = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a pointer with no key left: all zero
+        # a pointer with nothing to copy gets none of the mass (and no gradient); the vocabulary always can
+        empty = ~allowed.any(-1).transpose(1, 2)  # [G, Q, P]
+        gate_logits = self.gate(hidden).float()
+        gate_logits = torch.cat([gate_logits[..., :1], gate_logits[..., 1:].masked_fill(empty, float("-inf"))], -1)
+        gate = torch.softmax(gate_logits, dim=-1)
+        return Pointers(pointers.transpose(1, 2), gate, torch.stack(values, 2))
+
+    def _following(self, ctx: CopyContext) -> torch.Tensor:
+        """[G, Q, S]: for each row and key, the token at the key's position + 1 as the row sees it (the mask token
+        where the row sees none there). A row sees at most one key per position, but not always in the next
+        column: a training row over [x_t || x_0] reads the clean keys before its block and the noisy ones in it."""
+        if ctx.key_positions is None:
+            raise ValueError("induction pointers need the keys' positions (CopyContext.key_positions)")
+        pos, (g, q_len, _) = ctx.key_positions, ctx.visible.shape
+        size = int(pos.max()) + 2  # positions 0 .. max + 1, then a slot for the keys a row does not see
+        slot = torch.where(ctx.visible, pos.unsqueeze(1), size)  # [G, Q, S]
+        seen = torch.full((g, q_len, size + 1), self.mask_token_id, dtype=ctx.tokens.dtype, device=pos.device)
+        seen.scatter_(2, slot, ctx.tokens.unsqueeze(1).expand(-1, q_len, -1))
+        return seen.gather(2, (pos + 1).unsqueeze(1).expand(-1, q_len, -1))
 
     @staticmethod
-    def mix(logits: torch.Tensor, pointers: torch.Tensor, gate: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities [N, V] of the mixture, for N rows: logits [N, V] float32, pointers [N, KV, S],
-        gate [N, 1 + KV], tokens [N, S] (each row's keys' tokens)."""
-        copied = (pointers * gate[:, 1:, None]).sum(1)  # [N, S]: one weight per key, heads combined
-        probs = torch.softmax(logits, dim=-1) * gate[:, :1]
-        probs = probs.scatter_add(1, tokens, copied)
+    def mix(logits: torch.Tensor, pointers: Pointers) -> torch.Tensor:
+        """Log-probabilities [N, V] of the mixture, for N rows: logits [N, V] float32 and their pointers."""
+        copied = pointers.probs * pointers.gate[:, 1:, None]  # [N, P, S]: each pointer's weight on each key
+        probs = torch.softmax(logits, dim=-1) * pointers.gate[:, :1]
+        probs = probs.scatter_add(1, pointers.values.flatten(1), copied.flatten(1))
         return probs.clamp_min(1e-30).log()
+
+    @staticmethod
+    def target_nll(pointers: Pointers, targets: torch.Tensor) -> torch.Tensor:
+        """The pointers' own NLL of each row's target [N], pointers averaged, for the rows where some pointer
+        can land on a key that gives it: [M] (M <= N)."""
+        hits = (pointers.values == targets[:, None, None]) & (pointers.probs > 0)
+        rows = hits.flatten(1).any(-1)
+        mass = (pointers.probs[rows] * hits[rows]).sum(-1).mean(-1)
+        return -mass.clamp_min(1e-30).log()
 
 
 class Transformer(nn.Module):
@@ -534,7 +584,7 @@ class Transformer(nn.Module):
         visible = torch.ones(b, t, t, dtype=torch.bool, device=input_ids.device) if mask is None else \
             mask[:, 0].expand(b, t, t)
         select = torch.ones(b, t, dtype=torch.bool, device=input_ids.device)
-        ctx = CopyContext(positions, kvs[-1][0], input_ids, visible)
+        ctx = CopyContext(positions, kvs[-1][0], input_ids, visible, positions)
         return self.output_logits(hidden, select, ctx).view(b, t, -1)
 
     def output_logits(self, hidden: torch.Tensor, select: torch.Tensor, ctx: CopyContext | None) -> torch.Tensor:
@@ -546,21 +596,14 @@ class Transformer(nn.Module):
         self, hidden: torch.Tensor, select: torch.Tensor, ctx: CopyContext | None, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``output_logits`` and, given the rows' ``targets`` [N] and a copy head, the pointers' own NLL of each
-        target, heads averaged, for the rows whose target is a token they may copy: [M] (M <= N). Training
+        target, pointers averaged, for the rows whose target is a token they may copy: [M] (M <= N). Training
         the pointers on it, whatever the gate gives them, is the pointer loss (``pointer_weight``)."""
         logits = self.logits(hidden[select])
         if self.copy_head is None:
             return logits, None
-        pointers, gate = self.copy_head.pointer_weights(hidden, ctx)
-        group = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(select)[select]
-        pointers, tokens = pointers[select], ctx.tokens[group]
-        out = CopyHead.mix(logits, pointers, gate[select], tokens)
-        if targets is None:
-            return out, None
-        copyable = (tokens == targets[:, None]) & ctx.visible[select] & (tokens != self.config.mask_token_id)
-        rows = copyable.any(-1)
-        mass = (pointers[rows] * copyable[rows, None, :]).sum(-1).mean(-1)  # [M]
-        return out, -mass.clamp_min(1e-30).log()
+        pointers = self.copy_head.pointer_weights(hidden, ctx)[select]
+        out = CopyHead.mix(logits, pointers)
+        return out, None if targets is None else CopyHead.target_nll(pointers, targets)
 
 
 def count_flops_per_token(cfg: ModelConfig) -> float:

@@ -18,16 +18,16 @@ from quicksilver.train.packing import Batch
 PROMPTS = ["The quick brown fox", "def add(a, b):", "0123456789 + 42 =", "yes"]
 
 
-def copying_model(mode: str = "causal", seed: int = 0, **overrides):
+def copying_model(mode: str = "causal", seed: int = 0, induction: bool = False, **overrides):
     """A tiny model whose copy head is random and gets most of the mass, so copying decides its output."""
     kw = dict(token_shift=True) if mode == "block_causal" else {}
-    model = tiny_model(mode, seed, copy_head=True, **(kw | overrides))
+    model = tiny_model(mode, seed, copy_head=True, copy_head_induction=induction, **(kw | overrides))
     gen = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():
         head = model.copy_head
         head.q_proj.weight.copy_(torch.randn(head.q_proj.weight.shape, generator=gen) * 0.5)
         head.gate.weight.copy_(torch.randn(head.gate.weight.shape, generator=gen) * 0.1)
-        head.gate.bias.copy_(torch.tensor([-1.0, 0.5, 0.5]))
+        head.gate.bias.copy_(torch.tensor([-1.0] + [0.5] * head.n_pointers))
     return model
 
 
@@ -37,7 +37,7 @@ def full_forward_outputs(model, ids: torch.Tensor) -> torch.Tensor:
     positions = torch.arange(t)[None]
     mask = (positions[0, :, None] >= positions[0, None, :])[None]
     hidden, kvs = model(ids[None], positions, mask=mask[:, None])
-    src = CopyContext(positions, kvs[-1][0], ids[None], mask)
+    src = CopyContext(positions, kvs[-1][0], ids[None], mask, positions)
     out = model.output_logits(hidden, torch.ones(1, t, dtype=torch.bool), src)
     assert torch.allclose(out, model.forward_outputs(ids[None], mask=mask[:, None])[0], atol=1e-5)
     return out
@@ -57,10 +57,11 @@ def test_a_new_copy_head_starts_as_the_model_without_it():
     assert (got - want).abs().sum(-1).max() < 0.08  # 3.5% of the mass moved to copies, at most 7% in L1
 
 
-def test_copies_only_tokens_the_row_sees_and_never_a_mask():
-    model = copying_model("causal", seed=1)
-    with torch.no_grad():
-        model.copy_head.gate.bias.copy_(torch.tensor([-40.0, 20.0, 20.0]))  # (almost) everything to copying
+@pytest.mark.parametrize("induction", [False, True])
+def test_copies_only_tokens_the_row_sees_and_never_a_mask(induction: bool):
+    model = copying_model("causal", seed=1, induction=induction)
+    with torch.no_grad():  # (almost) everything to copying
+        model.copy_head.gate.bias.copy_(torch.tensor([-40.0] + [20.0] * model.copy_head.n_pointers))
     tok = tiny_tokenizer()
     ids = torch.tensor(tok.encode("yes no true false null 42"))
     ids[3] = model.config.mask_token_id
@@ -76,9 +77,10 @@ def test_copies_only_tokens_the_row_sees_and_never_a_mask():
             assert len(support) > 10
 
 
-def test_decoding_with_a_cache_computes_what_a_full_forward_computes():
+@pytest.mark.parametrize("induction", [False, True])
+def test_decoding_with_a_cache_computes_what_a_full_forward_computes(induction: bool):
     """Greedy decoding (cached keys, one token per forward) picks the argmax of the training-time outputs."""
-    model = copying_model("causal", seed=2)
+    model = copying_model("causal", seed=2, induction=induction)
     dec = Decoder(model, tiny_tokenizer())
     params = SamplingParams(max_tokens=16, block_size=1, ignore_eos=True, policy="threshold")
     answers = set()
@@ -96,9 +98,10 @@ def test_decoding_with_a_cache_computes_what_a_full_forward_computes():
     assert len(answers) == len(PROMPTS)  # the prompts decide the answers (copies of their own tokens)
 
 
-def test_self_speculative_decoding_stays_the_causal_greedy_answer():
-    spec = copying_model("block_causal", seed=4, causal_context=True)
-    causal = tiny_model("causal", copy_head=True)
+@pytest.mark.parametrize("induction", [False, True])
+def test_self_speculative_decoding_stays_the_causal_greedy_answer(induction: bool):
+    spec = copying_model("block_causal", seed=4, induction=induction, causal_context=True)
+    causal = tiny_model("causal", copy_head=True, copy_head_induction=induction)
     causal.load_state_dict(spec.state_dict())
     tok = tiny_tokenizer()
     params = SamplingParams(max_tokens=24, policy="self_speculative", ignore_eos=True)
@@ -116,11 +119,11 @@ def test_self_speculative_decoding_stays_the_causal_greedy_answer():
     assert [s.answer_ids for s in states] == alone
 
 
-@pytest.mark.parametrize("offset", [0, 3])
-def test_block_training_rows_copy_what_the_decoder_rows_copy(offset: int):
+@pytest.mark.parametrize(("offset", "induction"), [(0, False), (3, False), (0, True), (3, True)])
+def test_block_training_rows_copy_what_the_decoder_rows_copy(offset: int, induction: bool):
     """A masked token's training output (block objective, token shift, causal context) equals the decoder's
     output for it: the same keys to point at, the same tokens behind them, the masks excluded."""
-    model = copying_model("block_causal", seed=5, causal_context=True)
+    model = copying_model("block_causal", seed=5, induction=induction, causal_context=True)
     tok = tiny_tokenizer()
     bs = model.config.block_size
     ids = torch.tensor(tok.encode("The quick brown fox jumps over the lazy dog. def add(a, b): return a + b"))[: bs * 3]
@@ -146,7 +149,7 @@ def test_block_training_rows_copy_what_the_decoder_rows_copy(offset: int):
         row = q - 1
         sel = torch.zeros(1, n, dtype=torch.bool)
         sel[0, row] = True
-        decoded = model.output_logits(hidden, sel, CopyContext(pos[None], kvs[-1][0], canvas, mask[None]))
+        decoded = model.output_logits(hidden, sel, CopyContext(pos[None], kvs[-1][0], canvas, mask[None], pos[None]))
     assert torch.allclose(trained, decoded, atol=1e-4), (trained - decoded).abs().max()
 
 
@@ -160,10 +163,11 @@ def test_causal_mask_rows_are_the_copy_visibility_of_the_ar_objective():
     assert torch.equal(m, torch.tril(torch.ones(n, n, dtype=torch.bool)))
 
 
-def test_saved_copy_head_round_trips_and_serves(tmp_path: Path):
-    folder = save_tiny_model(tmp_path / "m", "causal", seed=6, copy_head=True)
+@pytest.mark.parametrize("induction", [False, True])
+def test_saved_copy_head_round_trips_and_serves(tmp_path: Path, induction: bool):
+    folder = save_tiny_model(tmp_path / "m", "causal", seed=6, copy_head=True, copy_head_induction=induction)
     loaded = load_model(str(folder))
-    assert loaded.model.copy_head is not None
+    assert loaded.model.copy_head is not None and loaded.model.copy_head.n_pointers == (4 if induction else 2)
     out = Decoder(loaded.model, loaded.tokenizer).generate("yes", SamplingParams(max_tokens=8, block_size=1))
     assert out.finish_reason in ("stop", "length") and out.token_ids
 
@@ -192,13 +196,13 @@ def test_pointer_nll_is_the_pointers_mass_on_each_copyable_target():
     mask = torch.tril(torch.ones(n, n, dtype=torch.bool))[None]
     with torch.no_grad():
         hidden, kvs = model(ids[None], positions, mask=mask[:, None])
-        ctx = CopyContext(positions, kvs[-1][0], ids[None], mask)
+        ctx = CopyContext(positions, kvs[-1][0], ids[None], mask, positions)
         select = torch.ones(1, n, dtype=torch.bool)
         select[0, -1] = False  # the last row has no next token
         targets = ids[1:]
         out, nll = model.outputs_and_pointer_nll(hidden, select, ctx, targets)
         assert torch.equal(out, model.output_logits(hidden, select, ctx))
-        pointers, _ = model.copy_head.pointer_weights(hidden, ctx)
+        pointers = model.copy_head.pointer_weights(hidden, ctx).probs
     want = []
     for row in range(n - 1):
         hits = ids[: row + 1] == targets[row]  # a row may copy the tokens up to its own
@@ -208,12 +212,13 @@ def test_pointer_nll_is_the_pointers_mass_on_each_copyable_target():
     assert torch.allclose(nll, torch.stack(want), atol=1e-5)
 
 
-def test_pointer_loss_teaches_the_pointers_to_find_the_target():
+@pytest.mark.parametrize("induction", [False, True])
+def test_pointer_loss_teaches_the_pointers_to_find_the_target(induction: bool):
     from quicksilver.train.objectives import NoiseSettings, ar_loss
     from quicksilver.train.packing import RESPONSE
 
     torch.manual_seed(0)
-    model = tiny_model("causal", seed=4, copy_head=True)
+    model = tiny_model("causal", seed=4, copy_head=True, copy_head_induction=induction)
     model.copy_head.reset_parameters()
     gen = torch.Generator().manual_seed(1)
     half = 12
@@ -229,7 +234,7 @@ def test_pointer_loss_teaches_the_pointers_to_find_the_target():
         with torch.no_grad():
             mask = _causal_mask(b)
             hidden, kvs = model(b.ids, b.positions, mask=mask)
-            ctx = CopyContext(b.positions, kvs[-1][0], b.ids, mask[:, 0])
+            ctx = CopyContext(b.positions, kvs[-1][0], b.ids, mask[:, 0], b.positions)
             select = torch.zeros_like(b.ids, dtype=torch.bool)
             select[:, half - 1 : -1] = True  # rows whose target is a copy
             return float(model.outputs_and_pointer_nll(hidden, select, ctx, b.ids[:, half:].flatten())[1].mean())
@@ -248,3 +253,33 @@ def test_pointer_loss_teaches_the_pointers_to_find_the_target():
         opt.step()
     after = pointer_nll(held_out)
     assert after < 0.5 * before, (before, after)
+
+
+def test_induction_pointers_copy_the_token_after_a_key_and_never_the_target():
+    """An induction pointer of row i lands on a key s and copies token s + 1, which the row must see too (s + 1 <= i
+    in a causal row): it can continue a copied run, and it cannot read the token the row is predicting."""
+    model = copying_model("causal", seed=3, induction=True)
+    n_kv = model.copy_head.n_kv
+    with torch.no_grad():  # everything to the induction pointers
+        model.copy_head.gate.bias.copy_(torch.tensor([-40.0] + [-40.0] * n_kv + [20.0] * n_kv))
+    ids = torch.arange(40, 52)  # every token once: a copy could come from one place only
+    with torch.no_grad():
+        probs = full_forward_outputs(model, ids).exp()
+    for i in range(1, ids.numel()):
+        support = set((probs[i] > 1e-4).nonzero().flatten().tolist())
+        assert support <= set(ids[1 : i + 1].tolist()), i  # tokens after some key the row sees, never ids[0]
+        assert abs(float(probs[i, ids[1 : i + 1]].sum()) - 1.0) < 1e-3
+        if i + 1 < ids.numel():
+            assert float(probs[i, ids[i + 1]]) < 1e-4  # the row's own target is out of reach
+
+
+def test_induction_pointers_follow_keys_by_position_not_by_column():
+    """The token after a key is the one at the next position among the keys the row sees, wherever it sits."""
+    model = copying_model("causal", seed=3, induction=True)
+    head = model.copy_head
+    m = model.config.mask_token_id
+    tokens = torch.tensor([[5, 6, 7, 8, 9]])  # positions 0 1 2, then a second stretch holding 1 2 again
+    visible = torch.tensor([[[1, 1, 1, 0, 0], [1, 0, 0, 1, 1]]], dtype=torch.bool)  # row 0 the first, row 1 mixed
+    ctx = CopyContext(torch.tensor([[2, 2]]), torch.zeros(1, head.n_kv, 5, head.head_dim), tokens, visible,
+                      torch.tensor([[0, 1, 2, 1, 2]]))
+    assert head._following(ctx).tolist() == [[[6, 7, m, 7, m], [8, 9, m, 9, m]]]

@@ -149,3 +149,12 @@ def test_init_from_can_grow_a_copy_head_and_start_the_data_anywhere(tmp_path: Pa
     with pytest.raises(ValueError, match="does not match"):
         train(toy_recipe("ar", max_steps=6), TrainOptions(run_dir=tmp_path / "d", init_from=out.export_dir,
                                                           progress=False))
+    # a head with induction pointers grows the same way; one without cannot become one with
+    with_induction = Recipe.from_dict({**TOY, "objective": "ar", "train": {**TOY["train"], "max_steps": 2},
+                                       "model": {**TOY["model"], "copy_head": True, "copy_head_induction": True}})
+    grown_more = train(with_induction, TrainOptions(run_dir=tmp_path / "e", init_from=ar.export_dir,
+                                                    new_schedule=True, progress=False))
+    assert grown_more.model.copy_head.n_pointers == 2 * grown_more.model.config.num_key_value_heads
+    with pytest.raises(ValueError, match="does not match"):
+        train(with_induction, TrainOptions(run_dir=tmp_path / "f", init_from=out.export_dir, new_schedule=True,
+                                           progress=False))

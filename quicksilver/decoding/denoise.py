@@ -573,8 +573,9 @@ class Decoder:
             n_keys = p.past_positions.numel() + p.positions.numel()
             visible = torch.ones(q, n_keys, dtype=torch.bool) if m is None else m[p.logit_rows]
             tokens = torch.cat([st.tokens[p.past_positions], p.input_ids])
+            key_positions = torch.cat([p.past_positions, p.positions])
             ctx = CopyContext(p.positions[p.logit_rows][None].to(device), keys, tokens[None].to(device),
-                              visible[None].to(device))
+                              visible[None].to(device), key_positions[None].to(device))
             outs.append(self.model.output_logits(h[None], torch.ones(1, q, dtype=torch.bool, device=device), ctx))
         return torch.cat(outs)
 

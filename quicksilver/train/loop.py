@@ -322,7 +322,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         loaded = load_pretrained(opts.init_from, dtype=torch.float32)
         # the attention mode is only a mask rule, so weights move between objectives (e.g. AR -> block diffusion)
         # a recipe may add a copy head to weights trained without one (it starts as the model without it)
-        grows = {"copy_head": None} if cfg.copy_head and not loaded.model.config.copy_head else {}
+        grows = ({"copy_head": None, "copy_head_induction": None} if cfg.copy_head and not loaded.model.config.copy_head
+                 else {})
         if loaded.model.config.to_dict() | _NOT_WEIGHTS | grows != cfg.to_dict() | _NOT_WEIGHTS | grows:
             raise ValueError(f"{opts.init_from}: its config does not match the recipe's model")
         missing, unexpected = model.load_state_dict(loaded.model.state_dict(), strict=False)

@@ -120,7 +120,7 @@ def mdlm_loss(
     noisy = batch.ids.masked_fill(masked, model.config.mask_token_id)
     mask = batch.same_doc().unsqueeze(1)
     hidden, kvs = model(noisy, batch.positions, mask=mask)
-    ctx = CopyContext(batch.positions, kvs[-1][0], noisy, mask[:, 0])
+    ctx = CopyContext(batch.positions, kvs[-1][0], noisy, mask[:, 0], batch.positions)
     return _masked_loss(model, hidden, batch.ids, masked, t, weight, s, ctx)
 
 
@@ -167,12 +167,13 @@ def block_prediction_rows(
     mask = block_diffusion_mask(batch, bs, model.config.causal_context, cut, stop)[:, 0]
     hidden, kvs = model(ids, positions, mask=mask.unsqueeze(1))
     keys = kvs[-1][0]
-    clean = CopyContext(batch.positions, keys, ids, mask[:, L:])
+    clean = CopyContext(batch.positions, keys, ids, mask[:, L:], positions)
     if not model.config.token_shift:
-        return hidden[:, :L], hidden[:, L:], CopyContext(batch.positions, keys, ids, mask[:, :L]), clean
+        return hidden[:, :L], hidden[:, L:], CopyContext(batch.positions, keys, ids, mask[:, :L], positions), clean
     idx = torch.arange(L, device=batch.positions.device).expand_as(batch.positions)
     src = torch.where(batch.positions % bs == 0, L + idx - 1, idx - 1).clamp_min(0)
-    rows = CopyContext(positions.gather(1, src), keys, ids, mask.gather(1, src.unsqueeze(-1).expand(-1, -1, 2 * L)))
+    rows = CopyContext(positions.gather(1, src), keys, ids, mask.gather(1, src.unsqueeze(-1).expand(-1, -1, 2 * L)),
+                       positions)
     return hidden.gather(1, src.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])), hidden[:, L:], rows, clean
 
 
@@ -258,7 +259,7 @@ def _causal_outputs(
     if ctx is None:  # a model run here on its own (a teacher): its causal forward over the batch
         mask = _causal_mask(batch)
         hidden, kvs = model(batch.ids, batch.positions, mask=mask)
-        ctx = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0])
+        ctx = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0], batch.positions)
     return model.output_logits(hidden, scored, ctx)
 
 
@@ -311,7 +312,7 @@ def ar_loss(
 ) -> LossOut:
     mask = _causal_mask(batch)
     hidden, kvs = model(batch.ids, batch.positions, mask=mask)
-    ctx = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0])
+    ctx = CopyContext(batch.positions, kvs[-1][0], batch.ids, mask[:, 0], batch.positions)
     out = _next_token_loss(model, hidden, batch, ctx, s)
     return _with_distillation(out, model, hidden, batch, s, teacher, ctx) if s.distill_weight > 0 else out
 

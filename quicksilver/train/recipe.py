@@ -37,6 +37,8 @@ class ModelSpec(_Strict):
     # a pointer over the context mixed into the output (quicksilver.model.CopyHead): lets a small model copy
     # names and numbers from its prompt. Weights without one can be extended (--init-from)
     copy_head: bool = False
+    # with copy_head: induction pointers too, which copy the token after the one they point at
+    copy_head_induction: bool = False
 
 
 class DataSpec(_Strict):
@@ -109,6 +111,8 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:
+        if self.model.copy_head_induction and not self.model.copy_head:
+            raise ValueError("model.copy_head_induction needs model.copy_head: true")
         if self.train.pointer_weight > 0 and not self.model.copy_head:
             raise ValueError("train.pointer_weight needs a copy head (model.copy_head: true)")
         return self
