@@ -42,7 +42,6 @@ def main() -> None:
             with torch.no_grad():
                 hidden, kvs = model(ids, pos, mask=mask[:, None])
                 pointers = model.copy_head.pointer_weights(hidden, CopyContext(pos, kvs[-1][0], ids, mask, pos))[0]
-                gate = pointers.gate[None]
                 logits = model.logits(hidden[0])
                 vocab = torch.softmax(logits, -1)
                 mixed = CopyHead.mix(logits, pointers).exp()
@@ -50,7 +49,7 @@ def main() -> None:
                 row = len(p_ids) + j - 1  # row i predicts token i + 1
                 s = totals["in prompt" if target in p_ids else "not in prompt"]
                 s[0] += 1
-                s[1] += 1 - float(gate[0, row, 0])
+                s[1] += 1 - float(pointers.gate[row, 0])
                 s[2] += float(vocab[row, target])
                 s[3] += float(mixed[row, target])
                 s[4] += int(vocab[row].argmax() == target)

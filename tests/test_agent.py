@@ -295,7 +295,7 @@ def test_search_tool_runs_on_the_given_torch_thread(monkeypatch, tmp_path):
 
     ran_on = []
 
-    def fake_search(index_path, args, default_k):
+    def fake_search(index_path, args, default_k, max_k):
         ran_on.append(threading.current_thread().name)
         return f"[1] {args['query']}", []
 
@@ -317,11 +317,10 @@ def test_search_tool_caps_the_passages_a_call_may_ask_for(monkeypatch, tmp_path)
 
     asked = []
     monkeypatch.setattr(rag_chat, "open_index", lambda path: None)
-    monkeypatch.setattr(rag_chat, "run_search_tool",
-                        lambda index_path, args, default_k: (asked.append(args.get("k", default_k)), ("ok", []))[1])
+    monkeypatch.setattr(rag_chat, "retrieve", lambda index_path, query, k: asked.append(k) or [])
     [tool] = build_tools(["search_documents"], index_path=tmp_path / "i.sqlite", search_k=2)
     assert tool.spec()["function"]["parameters"]["properties"]["k"]["maximum"] == 2
     assert rag_chat.SEARCH_TOOL["function"]["parameters"]["properties"]["k"]["maximum"] == 20  # shared one untouched
     for args in ({"query": "a", "k": 10}, {"query": "b", "k": 1}, {"query": "c"}):
-        assert tool(args) == "ok"
+        assert tool(args) == "No matching passages."
     assert asked == [2, 1, 2]

@@ -286,12 +286,10 @@ def search_tool(index_path: str | Path, k: int = 4, torch_thread: Executor | Non
     worker_ident = torch_thread.submit(threading.get_ident).result() if torch_thread is not None else None
 
     def search(args: dict) -> str:
-        if isinstance(args, dict) and isinstance(args.get("k"), int | float) and args["k"] > k:
-            args = {**args, "k": k}
         if torch_thread is None or threading.get_ident() == worker_ident:
-            text, sources = run_search_tool(index_path, args, default_k=k)
+            text, sources = run_search_tool(index_path, args, default_k=k, max_k=k)
         else:
-            text, sources = torch_thread.submit(run_search_tool, index_path, args, default_k=k).result()
+            text, sources = torch_thread.submit(run_search_tool, index_path, args, default_k=k, max_k=k).result()
         seen = {(s["path"], s["chunk"]) for s in tool.sources}
         tool.sources.extend(s for s in sources if (s["path"], s["chunk"]) not in seen)
         return text

@@ -111,15 +111,17 @@ def augment_messages(
 
 
 def run_search_tool(
-    index_path: str | Path, arguments: str | dict, default_k: int = 5, first_id: int = 1
+    index_path: str | Path, arguments: str | dict, default_k: int = 5, first_id: int = 1, max_k: int | None = None
 ) -> tuple[str, list[dict]]:
     """Execute a ``search_documents`` call: (observation text for the model, sources). Passages are numbered from
-    ``first_id``, so that several searches in one conversation cite distinct numbers."""
+    ``first_id``, so that several searches in one conversation cite distinct numbers. ``max_k``: the most passages
+    a call gets, whatever ``k`` it asks for."""
     args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
     if not isinstance(args, dict) or not isinstance(args.get("query"), str):
         raise IndexStoreError('search_documents needs {"query": "..."}')
     k = args.get("k", default_k)
-    hits = retrieve(index_path, args["query"], int(k) if isinstance(k, int | float) else default_k)
+    k = int(k) if isinstance(k, int | float) else default_k
+    hits = retrieve(index_path, args["query"], k if max_k is None else min(k, max_k))
     if not hits:
         return "No matching passages.", []
     return format_passages(hits, first_id), [source_of(h, i) for i, h in enumerate(hits, first_id)]

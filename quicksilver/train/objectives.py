@@ -291,10 +291,8 @@ def _next_token_loss(
     ce = F.cross_entropy(logits, targets, reduction="sum")
     n = int(scored.sum())
     loss = ce / max(n, 1)
-    out = LossOut(loss, float(loss.detach()), n, float(n))
-    if pointer_nll is not None:
-        out.loss = loss + s.pointer_weight * pointer_nll.sum() / max(n, 1)
-    return out
+    total = loss if pointer_nll is None else loss + s.pointer_weight * pointer_nll.sum() / max(n, 1)
+    return LossOut(total, float(loss.detach()), n, float(n))
 
 
 def _scored_outputs(
