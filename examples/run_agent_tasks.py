@@ -37,6 +37,8 @@ def main() -> None:
                     help="in-process server: memory for the prefix cache shared by the steps (0: off)")
     ap.add_argument("--search-k", type=int, default=1,
                     help="passages per search (the shipped models were trained on 256-token conversations)")
+    ap.add_argument("--presence-penalty", type=float, help="sent with every request (OpenAI's presence_penalty)")
+    ap.add_argument("--frequency-penalty", type=float, help="sent with every request (OpenAI's frequency_penalty)")
     args = ap.parse_args()
     tasks = json.loads((HERE / "agent_tasks.json").read_text())
     # one thread for all torch work in this process (an in-process server's forwards, the index's and the search
@@ -59,7 +61,8 @@ def main() -> None:
         for t in tasks:
             tools = build_tools(t["tools"], root=HERE / "agent_files", index_path=index_path, search_k=args.search_k,
                                 torch_thread=worker)
-            result = run_agent(client, model, t["task"], tools, max_steps=args.max_steps, max_tokens=args.max_tokens)
+            result = run_agent(client, model, t["task"], tools, max_steps=args.max_steps, max_tokens=args.max_tokens,
+                               presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
             for s in result.steps:
                 print(format_step(s))
                 step_times.append(s.seconds)

@@ -47,6 +47,10 @@ class SamplingParams:
     # the top token's. 1.0 = only the causal greedy token (the answer is the causal one); lower trades that
     # exactness for more tokens per forward (docs/performance.md section 7). Sampling ignores it.
     accept_ratio: float = 1.0
+    # OpenAI's logit adjustments (adjust_logits): penalties on tokens already in the answer, per-token biases
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted and sorted
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -72,6 +76,20 @@ class SamplingParams:
             raise ValueError("steps_per_block must be >= 1")
         if isinstance(self.stop, str):  # tolerate a single string
             object.__setattr__(self, "stop", (self.stop,))
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2]")
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        bias = tuple(sorted((int(tok), float(b)) for tok, b in bias))
+        if any(tok < 0 for tok, _ in bias):
+            raise ValueError("logit_bias token ids must be >= 0")
+        if any(not -100 <= b <= 100 for _, b in bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        object.__setattr__(self, "logit_bias", bias)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
     def replace(self, **changes) -> SamplingParams:
         return dataclasses.replace(self, **changes)
@@ -83,6 +101,19 @@ def make_generator(seed: int | None) -> torch.Generator | None:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
+
+
+def adjust_logits(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | None) -> torch.Tensor:
+    """OpenAI's logit adjustments, in place on float32 ``logits`` [N, V]: each ``logit_bias`` entry added, and
+    for a token already ``counts`` [V] times in the answer, count x frequency_penalty + presence_penalty taken
+    off (the prompt does not count). Ids past the vocabulary are the caller's to reject."""
+    if params.logit_bias:
+        ids, bias = zip(*params.logit_bias, strict=True)
+        logits[:, list(ids)] += torch.tensor(bias, dtype=logits.dtype)
+    if counts is not None and (params.presence_penalty or params.frequency_penalty):
+        c = counts.to(logits.dtype)
+        logits -= c * params.frequency_penalty + (c > 0).to(logits.dtype) * params.presence_penalty
+    return logits
 
 
 def sample_tokens(

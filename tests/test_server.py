@@ -268,6 +268,27 @@ def test_error_paths(served, client):
     assert ok.choices[0].message.tool_calls is None
 
 
+def test_logit_bias_and_penalties(served, client):
+    url, app = served
+    tok = engine_of(app).tokenizer
+    [x] = tok.encode("x")
+    forced = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=6, logit_bias={str(x): 100})
+    assert forced.choices[0].message.content == tok.decode([x] * 6)
+    plain = client.completions.create(model=MODEL, prompt="ab", max_tokens=12, temperature=0)
+    curbed = client.completions.create(model=MODEL, prompt="ab", max_tokens=12, temperature=0,
+                                       frequency_penalty=2, presence_penalty=2)
+    assert curbed.choices[0].text != plain.choices[0].text
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for bias, fragment in (({"abc": 1}, "token ids"), ({str(tok.vocab_size): 1}, "token ids"),
+                           ({str(x): 101}, "100")):
+        r = httpx.post(url + "/v1/chat/completions", headers=auth,
+                       json={"model": MODEL, "messages": HI, "logit_bias": bias})
+        err = envelope(r)
+        assert r.status_code == 400 and fragment in err["message"] and err["param"].startswith("logit_bias"), err
+    r = httpx.post(url + "/v1/completions", headers=auth, json={"model": MODEL, "prompt": "a", "presence_penalty": 3})
+    assert r.status_code == 400 and envelope(r)["param"] == "presence_penalty"
+
+
 def test_overload_returns_429(model_dir):
     app = create_app(load_model(str(model_dir)), served_model_name=MODEL, max_batch=1, max_queue=0)
     with serve_in_thread(app) as url:

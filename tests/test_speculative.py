@@ -209,13 +209,13 @@ def test_reasoning_effort_keeps_verified_decoding():
     verified = SamplingParams(policy="self_speculative")
     ratios = {}
     for effort in REASONING_EFFORTS:
-        params = build_params(req, verified, 4, 1024, 16, effort)
+        params = build_params(req, verified, 4, 1024, 16, 4096, effort)
         assert params.policy == "self_speculative", effort
         ratios[effort] = params.accept_ratio
     assert ratios["high"] == 1.0
     assert ratios["minimal"] < ratios["low"] < ratios["medium"] < ratios["high"]
-    assert build_params(req, SamplingParams(), 4, 1024, 16, "high").policy == "low_confidence"
-    assert build_params(req, SamplingParams(), 4, 1024, 16, "low").policy == "threshold"
+    assert build_params(req, SamplingParams(), 4, 1024, 16, 4096, "high").policy == "low_confidence"
+    assert build_params(req, SamplingParams(), 4, 1024, 16, 4096, "low").policy == "threshold"
 
 
 def test_draft_window_shrinks_when_many_requests_share_a_forward():

@@ -91,6 +91,8 @@ def run_agent(
     first_tool_choice: str | dict = "auto",
     max_tokens: int | None = 256,
     temperature: float | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
     on_step: Callable[[AgentStep], None] | None = None,
 ) -> AgentResult:
     """Run one episode. ``first_tool_choice`` applies to the first request only (e.g. force a search first)."""
@@ -109,8 +111,10 @@ def run_agent(
             request["tool_choice"] = first_tool_choice if number == 1 else "auto"
         if max_tokens is not None:
             request["max_tokens"] = max_tokens
-        if temperature is not None:
-            request["temperature"] = temperature
+        for name, value in (("temperature", temperature), ("presence_penalty", presence_penalty),
+                            ("frequency_penalty", frequency_penalty)):
+            if value is not None:
+                request[name] = value
         t0 = time.perf_counter()
         try:
             response = client.chat.completions.create(**request)

@@ -10,7 +10,7 @@ streaming), ``retrieval`` (RAG over the server's index), ``top_k``.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -139,9 +139,9 @@ class SamplingFields(Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)  # accepted, not applied
-    logit_bias: dict[str, float] | None = None  # accepted; a non-empty map is a 400
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None  # token id (a string) -> bias
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None

@@ -184,7 +184,7 @@ def _structured():
 # -- request -> decoding parameters ---------------------------------------------------------------------
 def build_params(
     req: SamplingFields, defaults: SamplingParams, prompt_len: int, context: int,
-    max_tokens: int | None, effort: str | None = None,
+    max_tokens: int | None, vocab_size: int, effort: str | None = None,
 ) -> SamplingParams:
     room = context - prompt_len
     if room < 1:
@@ -208,6 +208,11 @@ def build_params(
         changes["seed"] = req.seed
     if req.stop is not None:
         changes["stop"] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) is not None:
+            changes[name] = getattr(req, name)
+    if req.logit_bias:
+        changes["logit_bias"] = _logit_bias(req.logit_bias, vocab_size)
     if effort is not None:
         # a model that verifies its drafts returns its own causal greedy answer at accept_ratio 1: its most
         # careful setting, better than one unverified token per step; looser acceptance is its faster one
@@ -219,9 +224,21 @@ def build_params(
         raise APIError(400, str(exc)) from None
 
 
+def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if not 0 <= token < vocab_size:
+            raise APIError(400, f"logit_bias keys must be token ids in [0, {vocab_size}), got {key!r}",
+                           param="logit_bias")
+        out[token] = value
+    return out
+
+
 def _unsupported(req: SamplingFields) -> None:
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", param="logit_bias")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
 
@@ -511,7 +528,7 @@ def create_app(
         plan = ChatPlan(state, req, messages)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = build_params(req, engine.loaded.defaults, len(plan.prompt_ids), engine.context_length,
-                              max_tokens, req.reasoning_effort)
+                              max_tokens, state.tokenizer.vocab_size, req.reasoning_effort)
         constraint_for = plan.constraint_factory(state, params.max_tokens)
         handles = _submit_all(engine, [plan.prompt_ids], params, req.n, constraint_for, bool(req.diffusing))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -548,7 +565,8 @@ def create_app(
             raise APIError(400, "best_of is not supported (it must equal n)", param="best_of")
         prompts = _completion_prompts(state, req)
         longest = max(len(p) for p in prompts)
-        params = build_params(req, engine.loaded.defaults, longest, engine.context_length, req.max_tokens)
+        params = build_params(req, engine.loaded.defaults, longest, engine.context_length, req.max_tokens,
+                              state.tokenizer.vocab_size)
         handles = _submit_all(engine, [ids for ids, _ in prompts], params, req.n)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -743,7 +761,7 @@ async def _chat_with_search_tool(
     plan = plan_for(messages)
     while True:
         params = build_params(req, engine.loaded.defaults, len(plan.prompt_ids), engine.context_length,
-                              max_tokens, req.reasoning_effort)
+                              max_tokens, state.tokenizer.vocab_size, req.reasoning_effort)
         handles = _submit_all(engine, [plan.prompt_ids], params, 1, plan.constraint_factory(state, params.max_tokens))
         [result] = await _results_or_disconnect(request, handles)
         results.append(result)

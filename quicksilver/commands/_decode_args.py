@@ -34,11 +34,19 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    add_penalty_args(p)
     p.add_argument("--cache", choices=("auto", "none", "prefix", "dual"))
     p.add_argument("--accept-ratio", type=float,
                    help="self_speculative: also accept drafts at least this fraction as likely as the top token")
     p.add_argument("--remask-threshold", type=float, help="self-correction: re-mask tokens below this")
     p.add_argument("--edit-threshold", type=float, help="self-correction: edit tokens to a new choice above this")
+
+
+def add_penalty_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--presence-penalty", type=float,
+                   help="-2..2: taken off the logit of every token already in the answer (OpenAI's presence_penalty)")
+    p.add_argument("--frequency-penalty", type=float,
+                   help="-2..2: taken off a token's logit once per time it is already in the answer")
 
 
 def params_from_args(args: argparse.Namespace, defaults):
@@ -48,6 +56,7 @@ def params_from_args(args: argparse.Namespace, defaults):
         "steps": "steps_per_block", "max_tokens": "max_tokens", "temperature": "temperature",
         "top_p": "top_p", "top_k": "top_k", "seed": "seed", "cache": "cache",
         "remask_threshold": "remask_threshold", "edit_threshold": "edit_threshold", "accept_ratio": "accept_ratio",
+        "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
     }
     changes = {field: getattr(args, flag) for flag, field in mapping.items() if getattr(args, flag, None) is not None}
     if getattr(args, "stop", None):

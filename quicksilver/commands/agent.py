@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from quicksilver.commands._decode_args import add_penalty_args
+
 DEFAULT_TOOLS = "calculator,run_python"
 
 
@@ -25,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn")
     p.add_argument("--temperature", type=float)
+    add_penalty_args(p)
     p.add_argument("--python-timeout", type=float, default=10.0, help="seconds per run_python call")
     p.add_argument("--first-tool", help="force this tool on the first turn (tool_choice)")
     p.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (default: in-process)")
@@ -58,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-steps must be at least 1")
     if not 1 <= args.search_k <= 20:
         raise ValueError("--search-k must be from 1 to 20")
+    for flag in ("presence_penalty", "frequency_penalty"):
+        if getattr(args, flag) is not None and not -2 <= getattr(args, flag) <= 2:
+            raise ValueError(f"--{flag.replace('_', '-')} must be from -2 to 2")
     from quicksilver.engine import model_thread
 
     # in-process, one thread runs all torch work: the server's forwards and the search tool's embeddings
@@ -88,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"agent: model {model!r} at {base_url}; tools: {', '.join(t.name for t in tools)}", file=sys.stderr)
         result = run_agent(client, model, task, tools, max_steps=args.max_steps, first_tool_choice=first_choice,
                            max_tokens=args.max_tokens, temperature=args.temperature,
+                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                            on_step=lambda step: print(format_step(step) + "\n", flush=True))
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))

@@ -35,7 +35,7 @@ from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPol
 from quicksilver.decoding.prefix_cache import PrefixCache
 from quicksilver.decoding.speculative import Layout, SelfSpeculation, check_supported
 from quicksilver.model import KV, CopyContext, Transformer, additive_mask, config_mask
-from quicksilver.sampling import SamplingParams, make_generator, sample_tokens
+from quicksilver.sampling import SamplingParams, adjust_logits, make_generator, sample_tokens
 from quicksilver.tokenizer import Tokenizer
 
 _request_ids = itertools.count()
@@ -232,6 +232,12 @@ class DecodeState:
         end = self.end_pos if self.end_pos is not None else self.frontier
         return self.tokens[self.prompt_len : end].tolist()
 
+    def answer_counts(self, end: int, vocab_size: int) -> torch.Tensor:
+        """[V] how often each token stands committed in the answer before position ``end``."""
+        span = slice(self.prompt_len, end)
+        held = self.tokens[span][self.committed[span]]
+        return torch.bincount(held[held != self.mask_id], minlength=vocab_size)[:vocab_size]
+
     @property
     def committed_prefix_len(self) -> int:
         """Answer tokens committed contiguously from the start (safe to stream)."""
@@ -384,6 +390,8 @@ class DecodeState:
     def _unmask(self, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Revise and commit from this step's logits at ``positions``; returns the positions committed."""
         logits[:, self.mask_id] = float("-inf")  # the model never "predicts" a mask
+        if self.params.adjusts_logits:  # penalties count every token the answer holds so far, wherever it stands
+            logits = adjust_logits(logits, self.params, self.answer_counts(self._answer_end(), logits.shape[-1]))
         if self.constraint is not None:
             logits = self.constraint.mask_logits(self, positions, logits)
         tokens, conf, probs = sample_tokens(logits, self.params, self.generator)

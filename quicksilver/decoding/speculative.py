@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from quicksilver.config import ModelConfig
-from quicksilver.sampling import SamplingParams, sample_tokens
+from quicksilver.sampling import SamplingParams, adjust_logits, sample_tokens
 
 if TYPE_CHECKING:
     from quicksilver.decoding.denoise import DecodeState
@@ -171,7 +171,10 @@ class SelfSpeculation:
         logits[:, self.mask_id] = float("-inf")
         n_verify = lay.verify_positions.numel()
         verify_logits, draft_logits = logits[:n_verify], logits[n_verify:]
-        greedy = verify_logits.argmax(-1) if params.temperature == 0 and constraint is None else None
+        # penalties count the answer's tokens before each verified position, as one-at-a-time decoding would
+        counts = state.answer_counts(state.frontier, logits.shape[-1]) if params.adjusts_logits else None
+        plain_greedy = params.temperature == 0 and constraint is None and counts is None
+        greedy = verify_logits.argmax(-1) if plain_greedy else None
         stop_on_end = not params.ignore_eos
         ends = set(state.end_ids.tolist())
         c0, ce = lay.clean_start, lay.clean_end
@@ -180,13 +183,17 @@ class SelfSpeculation:
         for i, pos in enumerate(lay.verify_positions.tolist()):
             if not bool(state.committed[pos]):
                 draft = int(lay.fed[pos - c0]) if lossy and pos < ce else None
-                if greedy is not None:
-                    tok = _near_top(verify_logits[i], int(greedy[i]), draft, params.accept_ratio, ends, stop_on_end)
+                row = verify_logits[i : i + 1]
+                if counts is not None:
+                    row = adjust_logits(row.clone(), params, counts)
+                if constraint is None and params.temperature == 0:
+                    top = int(greedy[i]) if greedy is not None else int(row[0].argmax())
+                    tok = _near_top(row[0], top, draft, params.accept_ratio, ends, stop_on_end)
                 elif constraint is None:
-                    tok = int(sample_tokens(verify_logits[i : i + 1], params, state.generator)[0][0])
+                    tok = int(sample_tokens(row, params, state.generator)[0][0])
                 else:
                     at = torch.tensor([pos])
-                    row = constraint.mask_logits(state, at, verify_logits[i : i + 1].clone())
+                    row = constraint.mask_logits(state, at, row.clone())
                     if lossy:  # greedy under a constraint: the draft must also be allowed there (finite logit)
                         best = int(row[0].argmax())
                         pick = torch.tensor([_near_top(row[0], best, draft, params.accept_ratio, ends, stop_on_end)])
@@ -198,6 +205,8 @@ class SelfSpeculation:
                 state.tokens[pos] = tok
                 state.committed[pos] = True
                 committed.append(pos)
+                if counts is not None:
+                    counts[tok] += 1
                 # stop where one-token-at-a-time decoding would: at an end token, when the constraint is
                 # satisfied, or once a stop string has appeared
                 if stop_on_end and tok in ends:
@@ -206,6 +215,8 @@ class SelfSpeculation:
                     break
                 if params.stop and _stop_seen(state, pos, tokenizer):
                     break
+            elif counts is not None:  # a pinned token the walk passes
+                counts[int(state.tokens[pos])] += 1
             # the next clean output was computed from what was fed here: usable only if that is what stands
             if pos >= ce or int(lay.fed[pos - c0]) != int(state.tokens[pos]):
                 break
