@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from quicksilver.commands._decode_args import add_model_args
+from quicksilver.commands._decode_args import add_model_args, add_penalty_args
 from quicksilver.sampling import POLICIES
 
 
@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, help="override the decode block size")
     p.add_argument("--accept-ratio", type=float,
                    help="self_speculative: also accept drafts at least this fraction as likely as the top token")
+    add_penalty_args(p)
     p.add_argument("--max-tokens", type=int, help="one answer budget for every task (default: per-task budgets)")
     p.add_argument("--outputs", action="store_true", help="keep every model output in the JSON")
     p.add_argument("--constrained", action="store_true",
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, precision=args.precision, device=args.device, compile=args.compile)
     changes = {k: v for k, v in (("policy", args.policy), ("threshold", args.threshold),
                                  ("block_size", args.block_size),
-                                 ("accept_ratio", args.accept_ratio)) if v is not None}
+                                 ("accept_ratio", args.accept_ratio), ("presence_penalty", args.presence_penalty),
+                                 ("frequency_penalty", args.frequency_penalty)) if v is not None}
     params = loaded.defaults.replace(**changes)
     precision, variant = precision_of(loaded.model), variant_of(loaded.model)
     console.print(f"[bold]{loaded.name or loaded.path}[/bold] ({variant}): {args.n} held-out examples per task, "
