@@ -41,7 +41,7 @@ def main() -> None:
             mask = torch.ones(t, t, dtype=torch.bool).tril()[None]
             with torch.no_grad():
                 hidden, kvs = model(ids, pos, mask=mask[:, None])
-                pointers = model.copy_head.pointer_weights(hidden, CopyContext(pos, kvs[-1][0], ids, mask, pos))[0]
+                pointers = model.copy_head.pointer_weights(hidden, CopyContext(pos, kvs[-1][0], ids, mask, pos))
                 logits = model.logits(hidden[0])
                 vocab = torch.softmax(logits, -1)
                 mixed = CopyHead.mix(logits, pointers).exp()

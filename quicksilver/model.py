@@ -353,15 +353,11 @@ class CopyContext:
 class Pointers:
     """A copy head's pointers for N rows over S keys: probabilities [N, P, S] (zero where a pointer cannot land),
     the gate's mixture weights [N, 1 + P] (vocabulary first) and the token each pointer copies from each key [N, P, S]
-    (the key's own token, or for an induction pointer the token after it). ``pointer_weights`` gives them with
-    the rows' group and index as leading dimensions."""
+    (the key's own token, or for an induction pointer the token after it)."""
 
     probs: torch.Tensor
     gate: torch.Tensor
     values: torch.Tensor
-
-    def __getitem__(self, select: torch.Tensor) -> Pointers:
-        return Pointers(self.probs[select], self.gate[select], self.values[select])
 
 
 class CopyHead(nn.Module):
@@ -397,43 +393,53 @@ class CopyHead(nn.Module):
         with torch.no_grad():
             self.gate.bias.copy_(torch.tensor([4.0] + [0.0] * self.n_pointers))
 
-    def pointer_weights(self, hidden: torch.Tensor, ctx: CopyContext) -> Pointers:
-        """The pointers of every row of ``hidden`` [G, Q, d] (as [G, Q, ...] tensors)."""
-        g, q_len, _ = hidden.shape
-        q = self.q_proj(hidden).view(g, q_len, self.n_pointers, self.head_dim).transpose(1, 2)
-        cos, sin = rope_cos_sin(ctx.query_positions, self.rot_dim, self.rope_theta, q.dtype)
-        q = apply_rope(q, cos, sin)
-        keys = ctx.keys.repeat(1, self.n_pointers // self.n_kv, 1, 1)  # pointer p reads key/value head p % KV
-        scores = (q.float() @ keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [G, P, Q, S]
-        copyable = ctx.visible & (ctx.tokens != self.mask_token_id).unsqueeze(1)  # [G, Q, S]
-        tokens = ctx.tokens.unsqueeze(1).expand(-1, q_len, -1)  # [G, Q, S]
+    def pointer_weights(self, hidden: torch.Tensor, ctx: CopyContext, select: torch.Tensor | None = None) -> Pointers:
+        """The pointers of the rows ``select`` [G, Q] (bool; default all) of ``hidden`` [G, Q, d], as [N, ...]
+        tensors in ``hidden[select]`` order. Only the selected rows are computed: a training row over
+        [x_t || x_0] scores a few hundred of its thousand rows, and each row's scores span every key."""
+        if select is None:
+            select = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+        parts = [self._group_pointers(hidden[g][rows], ctx, g, rows) for g, rows in enumerate(select)]
+        return Pointers(*(torch.cat(t) for t in zip(*((p.probs, p.gate, p.values) for p in parts), strict=True)))
+
+    def _group_pointers(self, h: torch.Tensor, ctx: CopyContext, g: int, rows: torch.Tensor) -> Pointers:
+        """The pointers of the rows ``rows`` [Q] (bool) of group ``g``, whose hidden states are ``h`` [n, d]."""
+        n = h.shape[0]
+        q = self.q_proj(h).view(n, self.n_pointers, self.head_dim).transpose(0, 1)  # [P, n, hd]
+        cos, sin = rope_cos_sin(ctx.query_positions[g][rows][None], self.rot_dim, self.rope_theta, q.dtype)
+        q = apply_rope(q, cos[0], sin[0])
+        keys = ctx.keys[g].repeat(self.n_pointers // self.n_kv, 1, 1)  # pointer p reads key/value head p % KV
+        scores = (q.float() @ keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [P, n, S]
+        visible = ctx.visible[g][rows]  # [n, S]
+        copyable = visible & (ctx.tokens[g] != self.mask_token_id)
+        tokens = ctx.tokens[g].expand(n, -1)  # [n, S]
         allowed, values = [copyable] * self.n_kv, [tokens] * self.n_kv
         if self.n_pointers > self.n_kv:
-            nxt = self._following(ctx)
+            nxt = self._following(ctx, g, visible)
             allowed += [copyable & (nxt != self.mask_token_id)] * self.n_kv
             values += [nxt] * self.n_kv
-        allowed = torch.stack(allowed, 1)  # [G, P, Q, S]
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        allowed = torch.stack(allowed, 1)  # [n, P, S]
+        scores = scores.transpose(0, 1).masked_fill(~allowed, float("-inf"))
         pointers = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a pointer with no key left: all zero
         # a pointer with nothing to copy gets none of the mass (and no gradient); the vocabulary always can
-        empty = ~allowed.any(-1).transpose(1, 2)  # [G, Q, P]
-        gate_logits = self.gate(hidden).float()
+        empty = ~allowed.any(-1)  # [n, P]
+        gate_logits = self.gate(h).float()
         gate_logits = torch.cat([gate_logits[..., :1], gate_logits[..., 1:].masked_fill(empty, float("-inf"))], -1)
-        gate = torch.softmax(gate_logits, dim=-1)
-        return Pointers(pointers.transpose(1, 2), gate, torch.stack(values, 2))
+        return Pointers(pointers, torch.softmax(gate_logits, dim=-1), torch.stack(values, 1))
 
-    def _following(self, ctx: CopyContext) -> torch.Tensor:
-        """[G, Q, S]: for each row and key, the token at the key's position + 1 as the row sees it (the mask token
-        where the row sees none there). A row sees at most one key per position, but not always in the next
-        column: a training row over [x_t || x_0] reads the clean keys before its block and the noisy ones in it."""
+    def _following(self, ctx: CopyContext, g: int, visible: torch.Tensor) -> torch.Tensor:
+        """[n, S]: for rows of group ``g`` that see the keys ``visible`` [n, S], the token at each key's position
+        + 1 as the row sees it (the mask token where the row sees none there). A row sees at most one key per
+        position, but not always in the next column: a training row over [x_t || x_0] reads the clean keys before
+        its block and the noisy ones in it."""
         if ctx.key_positions is None:
             raise ValueError("induction pointers need the keys' positions (CopyContext.key_positions)")
-        pos, (g, q_len, _) = ctx.key_positions, ctx.visible.shape
+        pos, n = ctx.key_positions[g], visible.shape[0]
         size = int(pos.max()) + 2  # positions 0 .. max + 1, then a slot for the keys a row does not see
-        slot = torch.where(ctx.visible, pos.unsqueeze(1), size)  # [G, Q, S]
-        seen = torch.full((g, q_len, size + 1), self.mask_token_id, dtype=ctx.tokens.dtype, device=pos.device)
-        seen.scatter_(2, slot, ctx.tokens.unsqueeze(1).expand(-1, q_len, -1))
-        return seen.gather(2, (pos + 1).unsqueeze(1).expand(-1, q_len, -1))
+        slot = torch.where(visible, pos, size)  # [n, S]
+        seen = torch.full((n, size + 1), self.mask_token_id, dtype=ctx.tokens.dtype, device=pos.device)
+        seen.scatter_(1, slot, ctx.tokens[g].expand(n, -1))
+        return seen.gather(1, (pos + 1).expand(n, -1))
 
     @staticmethod
     def mix(logits: torch.Tensor, pointers: Pointers) -> torch.Tensor:
@@ -601,7 +607,7 @@ class Transformer(nn.Module):
         logits = self.logits(hidden[select])
         if self.copy_head is None:
             return logits, None
-        pointers = self.copy_head.pointer_weights(hidden, ctx)[select]
+        pointers = self.copy_head.pointer_weights(hidden, ctx, select)
         out = CopyHead.mix(logits, pointers)
         return out, None if targets is None else CopyHead.target_nll(pointers, targets)
 

@@ -207,7 +207,7 @@ def test_pointer_nll_is_the_pointers_mass_on_each_copyable_target():
     for row in range(n - 1):
         hits = ids[: row + 1] == targets[row]  # a row may copy the tokens up to its own
         if hits.any():
-            want.append(-torch.log(pointers[0, row][:, : row + 1][:, hits].sum(-1).mean()))
+            want.append(-torch.log(pointers[row][:, : row + 1][:, hits].sum(-1).mean()))
     assert len(want) < n - 1  # some targets were not in sight: they have no pointer loss
     assert torch.allclose(nll, torch.stack(want), atol=1e-5)
 
@@ -282,4 +282,4 @@ def test_induction_pointers_follow_keys_by_position_not_by_column():
     visible = torch.tensor([[[1, 1, 1, 0, 0], [1, 0, 0, 1, 1]]], dtype=torch.bool)  # row 0 the first, row 1 mixed
     ctx = CopyContext(torch.tensor([[2, 2]]), torch.zeros(1, head.n_kv, 5, head.head_dim), tokens, visible,
                       torch.tensor([[0, 1, 2, 1, 2]]))
-    assert head._following(ctx).tolist() == [[[6, 7, m, 7, m], [8, 9, m, 9, m]]]
+    assert head._following(ctx, 0, visible[0]).tolist() == [[6, 7, m, 7, m], [8, 9, m, 9, m]]
