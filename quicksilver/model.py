@@ -395,10 +395,15 @@ class CopyHead(nn.Module):
 
     def pointer_weights(self, hidden: torch.Tensor, ctx: CopyContext, select: torch.Tensor | None = None) -> Pointers:
         """The pointers of the rows ``select`` [G, Q] (bool; default all) of ``hidden`` [G, Q, d], as [N, ...]
-        tensors in ``hidden[select]`` order. Only the selected rows are computed: a training row over
-        [x_t || x_0] scores a few hundred of its thousand rows, and each row's scores span every key."""
+        tensors in ``hidden[select]`` order, over the keys some selected row sees. Only those rows and keys are
+        computed: a training row over [x_t || x_0] scores a few hundred of its thousand rows, each row's scores
+        span every key, and a clean row sees none of x_t."""
         if select is None:
             select = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+        seen = ctx.visible[select].any(0)  # [S]
+        if not bool(seen.all()):
+            ctx = CopyContext(ctx.query_positions, ctx.keys[:, :, seen], ctx.tokens[:, seen], ctx.visible[..., seen],
+                              None if ctx.key_positions is None else ctx.key_positions[:, seen])
         parts = [self._group_pointers(hidden[g][rows], ctx, g, rows) for g, rows in enumerate(select)]
         return Pointers(*(torch.cat(t) for t in zip(*((p.probs, p.gate, p.values) for p in parts), strict=True)))
 
@@ -410,12 +415,13 @@ class CopyHead(nn.Module):
         q = apply_rope(q, cos[0], sin[0])
         keys = ctx.keys[g].repeat(self.n_pointers // self.n_kv, 1, 1)  # pointer p reads key/value head p % KV
         scores = (q.float() @ keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [P, n, S]
-        visible = ctx.visible[g][rows]  # [n, S]
-        copyable = visible & (ctx.tokens[g] != self.mask_token_id)
-        tokens = ctx.tokens[g].expand(n, -1)  # [n, S]
-        allowed, values = [copyable] * self.n_kv, [tokens] * self.n_kv
+        visible, tokens = ctx.visible[g][rows], ctx.tokens[g]  # [n, S], [S]
+        copyable = visible & (tokens != self.mask_token_id)
+        allowed, values = [copyable] * self.n_kv, [tokens.expand(n, -1)] * self.n_kv
         if self.n_pointers > self.n_kv:
-            nxt = self._following(ctx, g, visible)
+            if ctx.key_positions is None:
+                raise ValueError("induction pointers need the keys' positions (CopyContext.key_positions)")
+            nxt = self._following(ctx.key_positions[g], tokens, visible)
             allowed += [copyable & (nxt != self.mask_token_id)] * self.n_kv
             values += [nxt] * self.n_kv
         allowed = torch.stack(allowed, 1)  # [n, P, S]
@@ -427,19 +433,17 @@ class CopyHead(nn.Module):
         gate_logits = torch.cat([gate_logits[..., :1], gate_logits[..., 1:].masked_fill(empty, float("-inf"))], -1)
         return Pointers(pointers, torch.softmax(gate_logits, dim=-1), torch.stack(values, 1))
 
-    def _following(self, ctx: CopyContext, g: int, visible: torch.Tensor) -> torch.Tensor:
-        """[n, S]: for rows of group ``g`` that see the keys ``visible`` [n, S], the token at each key's position
-        + 1 as the row sees it (the mask token where the row sees none there). A row sees at most one key per
-        position, but not always in the next column: a training row over [x_t || x_0] reads the clean keys before
-        its block and the noisy ones in it."""
-        if ctx.key_positions is None:
-            raise ValueError("induction pointers need the keys' positions (CopyContext.key_positions)")
-        pos, n = ctx.key_positions[g], visible.shape[0]
-        size = int(pos.max()) + 2  # positions 0 .. max + 1, then a slot for the keys a row does not see
-        slot = torch.where(visible, pos, size)  # [n, S]
-        seen = torch.full((n, size + 1), self.mask_token_id, dtype=ctx.tokens.dtype, device=pos.device)
-        seen.scatter_(1, slot, ctx.tokens[g].expand(n, -1))
-        return seen.gather(1, (pos + 1).expand(n, -1))
+    def _following(self, positions: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """[n, S]: for rows that see the keys ``visible`` [n, S] (at ``positions`` [S], holding ``tokens`` [S]), the
+        token at each key's position + 1 as the row sees it (the mask token where the row sees none there). A row
+        sees at most one key per position, but not always in the next column: a training row over [x_t || x_0]
+        reads the clean keys before its block and the noisy ones in it."""
+        n = visible.shape[0]
+        size = int(positions.max()) + 2  # positions 0 .. max + 1, then a slot for the keys a row does not see
+        slot = torch.where(visible, positions, size)  # [n, S]
+        seen = torch.full((n, size + 1), self.mask_token_id, dtype=tokens.dtype, device=positions.device)
+        seen.scatter_(1, slot, tokens.expand(n, -1))
+        return seen.gather(1, (positions + 1).expand(n, -1))
 
     @staticmethod
     def mix(logits: torch.Tensor, pointers: Pointers) -> torch.Tensor:
