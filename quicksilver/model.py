@@ -400,8 +400,8 @@ class CopyHead(nn.Module):
         span every key, and a clean row sees none of x_t."""
         if select is None:
             select = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
-        seen = ctx.visible[select].any(0)  # [S]
-        if not bool(seen.all()):
+        seen = ctx.visible[select].any(0)  # [S]; none when no row is selected (a forward with no outputs to read)
+        if bool(seen.any()) and not bool(seen.all()):
             ctx = CopyContext(ctx.query_positions, ctx.keys[:, :, seen], ctx.tokens[:, seen], ctx.visible[..., seen],
                               None if ctx.key_positions is None else ctx.key_positions[:, seen])
         parts = [self._group_pointers(hidden[g][rows], ctx, g, rows) for g, rows in enumerate(select)]

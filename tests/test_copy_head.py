@@ -119,6 +119,18 @@ def test_self_speculative_decoding_stays_the_causal_greedy_answer(induction: boo
     assert [s.answer_ids for s in states] == alone
 
 
+@pytest.mark.parametrize("induction", [False, True])
+def test_chunked_prefill_gives_the_same_answers(induction: bool):
+    """Prefill chunks read no outputs: the head must cope with a forward that selects no rows."""
+    spec = copying_model("block_causal", seed=5, induction=induction, causal_context=True)
+    tok = tiny_tokenizer()
+    params = SamplingParams(max_tokens=12, policy="self_speculative", ignore_eos=True)
+    prompt = " ".join(PROMPTS)
+    assert len(tok.encode(prompt)) > 3 * 8
+    whole = Decoder(spec, tok).generate(prompt, params).token_ids
+    assert Decoder(spec, tok, prefill_chunk=8).generate(prompt, params).token_ids == whole
+
+
 @pytest.mark.parametrize(("offset", "induction"), [(0, False), (3, False), (0, True), (3, True)])
 def test_block_training_rows_copy_what_the_decoder_rows_copy(offset: int, induction: bool):
     """A masked token's training output (block objective, token shift, causal context) equals the decoder's
