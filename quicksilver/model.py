@@ -405,7 +405,8 @@ class CopyHead(nn.Module):
             ctx = CopyContext(ctx.query_positions, ctx.keys[:, :, seen], ctx.tokens[:, seen], ctx.visible[..., seen],
                               None if ctx.key_positions is None else ctx.key_positions[:, seen])
         parts = [self._group_pointers(hidden[g][rows], ctx, g, rows) for g, rows in enumerate(select)]
-        return Pointers(*(torch.cat(t) for t in zip(*((p.probs, p.gate, p.values) for p in parts), strict=True)))
+        return Pointers(torch.cat([p.probs for p in parts]), torch.cat([p.gate for p in parts]),
+                        torch.cat([p.values for p in parts]))
 
     def _group_pointers(self, h: torch.Tensor, ctx: CopyContext, g: int, rows: torch.Tensor) -> Pointers:
         """The pointers of the rows ``rows`` [Q] (bool) of group ``g``, whose hidden states are ``h`` [n, d]."""

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from quicksilver.commands._decode_args import add_penalty_args
+from quicksilver.sampling import SamplingParams
 
 DEFAULT_TOOLS = "calculator,run_python"
 
@@ -61,9 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-steps must be at least 1")
     if not 1 <= args.search_k <= 20:
         raise ValueError("--search-k must be from 1 to 20")
-    for flag in ("presence_penalty", "frequency_penalty"):
-        if getattr(args, flag) is not None and not -2 <= getattr(args, flag) <= 2:
-            raise ValueError(f"--{flag.replace('_', '-')} must be from -2 to 2")
+    # the server would refuse them with a 400 at the first step: SamplingParams checks the same bounds now
+    SamplingParams(presence_penalty=args.presence_penalty or 0.0, frequency_penalty=args.frequency_penalty or 0.0)
     from quicksilver.engine import model_thread
 
     # in-process, one thread runs all torch work: the server's forwards and the search tool's embeddings
