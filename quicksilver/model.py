@@ -335,6 +335,29 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class DraftAdapter(nn.Module):
+    """A residual bottleneck (norm, down, SiLU, up) that only the noisy rows (drafts) go through.
+
+    A self-speculative decoder answers with the clean causal stream and only uses the noisy rows' drafts to save
+    forwards. Clean rows never attend to noisy rows, so when the noisy rows alone get adapters (before every layer
+    and before the final norm) and the shared weights stay frozen, the clean stream computes exactly what the
+    weights did without them: drafts can be trained onto an autoregressive model without changing its answers
+    (TiDAR-style drafting on an AR model's own weights). ``up`` starts at zero: a new adapter changes nothing."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.down = nn.Linear(cfg.hidden_size, cfg.draft_adapter_size, bias=False)
+        self.up = nn.Linear(cfg.draft_adapter_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """``x`` [B, T, d] with the adapter added at the noisy ``rows`` (bool [B, T]); None: no noisy rows."""
+        if rows is None or not bool(rows.any()):
+            return x
+        picked = x[rows]
+        return x.index_put((rows,), picked + self.up(F.silu(self.down(self.norm(picked)))))
+
+
 @dataclass(frozen=True)
 class CopyContext:
     """What a copy head reads besides the rows' hidden states, for rows grouped by the keys they attend to (G
@@ -475,9 +498,21 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.copy_head = CopyHead(cfg) if cfg.copy_head else None
+        # one adapter before every layer and one before the final norm, for the noisy rows only
+        self.draft_adapters = (nn.ModuleList(DraftAdapter(cfg) for _ in range(cfg.num_hidden_layers + 1))
+                               if cfg.draft_adapter_size else None)
         self.apply(self._init_weights)
         if self.copy_head is not None:
             self.copy_head.reset_parameters()
+        self.reset_draft_adapters()
+
+    def reset_draft_adapters(self) -> None:
+        """New draft adapters add nothing (their up projections are zero): the model is the one without them."""
+        for adapter in self.draft_adapters or ():
+            nn.init.zeros_(adapter.up.weight)
+
+    def _adapt(self, i: int, x: torch.Tensor, draft_rows: torch.Tensor | None) -> torch.Tensor:
+        return x if self.draft_adapters is None else self.draft_adapters[i](x, draft_rows)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -510,12 +545,14 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None | str = "auto",
         past: list[KV] | None = None,
+        draft_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[KV]]:
         """Run the stack.
 
         input_ids: [B, T]; positions: [B, T] absolute positions (default 0..T-1 after the past);
         mask: bool [B, 1, T, S+T] (True = attend), None for full attention, or "auto" for the model's
-        own attention mode over ``positions``; past: per-layer (k, v) of S earlier positions.
+        own attention mode over ``positions``; past: per-layer (k, v) of S earlier positions; draft_rows: bool
+        [B, T], the noisy rows (they go through the draft adapters, when the model has them).
         Returns final-norm hidden states [B, T, d] and the per-layer (k, v) of the T inputs.
         """
         b, t = input_ids.shape
@@ -531,9 +568,9 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(positions, rot_dim, self.config.rope_theta, x.dtype)
         new_kvs: list[KV] = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, cos, sin, mask, past[i] if past else None)
+            x, kv = layer(self._adapt(i, x, draft_rows), cos, sin, mask, past[i] if past else None)
             new_kvs.append(kv)
-        return self.norm(x), new_kvs
+        return self.norm(self._adapt(len(self.layers), x, draft_rows)), new_kvs
 
     def forward_packed(
         self,
@@ -543,6 +580,7 @@ class Transformer(nn.Module):
         masks: list[torch.Tensor | None],
         pasts: list[list[KV] | None],
         output_rows: list[torch.Tensor] | None = None,
+        draft_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[list[KV]]]:
         """Run several sequences in one pass without padding them to a common length.
 
@@ -555,7 +593,8 @@ class Transformer(nn.Module):
         Returns final-norm hidden states [N, d] and, per sequence, the per-layer (k, v) of its inputs.
         With ``output_rows`` (per sequence, the row indices whose hidden states the caller reads, e.g. the
         still-masked positions) the last layer computes only those rows (keys and values still cover every
-        row) and the result is [sum of their counts, d], sequence after sequence.
+        row) and the result is [sum of their counts, d], sequence after sequence. ``draft_rows`` [N] bool: the
+        noisy rows, for a model with draft adapters.
         """
         if sum(lengths) != input_ids.numel() or positions.shape != input_ids.shape:
             raise ValueError("packed input_ids/positions must hold sum(lengths) rows")
@@ -566,13 +605,16 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(positions.unsqueeze(0), rot_dim, self.config.rope_theta, x.dtype)
         per_seq: list[list[KV]] = [[] for _ in lengths]
         last = len(self.layers) - 1
+        drafts = None if draft_rows is None or self.draft_adapters is None else draft_rows[None]
         for i, layer in enumerate(self.layers):
             layer_pasts = [None if p is None else p[i] for p in pasts]
             rows = output_rows if i == last else None
-            x, kvs = layer.forward_packed(x, cos, sin, lengths, masks, layer_pasts, rows)
+            x, kvs = layer.forward_packed(self._adapt(i, x, drafts), cos, sin, lengths, masks, layer_pasts, rows)
             for seq, kv in zip(per_seq, kvs, strict=True):
                 seq.append(kv)
-        return self.norm(x)[0], per_seq
+        if drafts is not None and output_rows is not None:
+            drafts = drafts[:, _global_rows(output_rows, lengths)]
+        return self.norm(self._adapt(len(self.layers), x, drafts))[0], per_seq
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states (any leading shape) onto the vocabulary, in float32. With a copy head this is

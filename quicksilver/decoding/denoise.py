@@ -114,6 +114,7 @@ class _Plan:
     mask: torch.Tensor | None = None  # [T, S + T]; None: the model's own rule over the positions
     speculative: Layout | None = None  # self-speculative step: where its two copies of the block sit
     prefill: bool = False  # only writes prompt keys to the cache (chunked prefill): nothing to sample
+    draft_rows: torch.Tensor | None = None  # [T] bool: noisy rows (a causal-context model's in-block rows, drafts)
 
     def attention_mask(self, cfg: ModelConfig) -> torch.Tensor | None:
         """[T, S + T] bool (True = attend) over the past then the inputs; None when every row sees every key."""
@@ -300,15 +301,19 @@ class DecodeState:
                 past_positions = torch.arange(0, s)
         else:
             past_positions = torch.arange(0)
+        positions = torch.arange(start, end)
+        # with a causal context only the block being decoded is noisy (bidirectional); the rows before it are text
+        draft_rows = positions // mb == (end - 1) // mb if self.causal_context else None
         return _Plan(
             input_ids=self.tokens[start:end],
-            positions=torch.arange(start, end),
+            positions=positions,
             past=past,
             past_positions=past_positions,
             logit_rows=logit_positions - shift - start,
             logit_positions=logit_positions,
             store=store,
             reset_cache=reset,
+            draft_rows=draft_rows,
         )
 
     def _plan_prefill(self) -> _Plan | None:
@@ -367,6 +372,7 @@ class DecodeState:
             store=store,
             mask=mask,
             speculative=lay,
+            draft_rows=torch.arange(ids.numel()) >= lay.fed.numel(),  # the clean copy first, then the noisy one
         )
 
     # -- applying a step -------------------------------------------------------------------------------
@@ -595,11 +601,15 @@ class Decoder:
         logit rows (plan after plan) and per plan the per-layer new (k, v) of its inputs."""
         device = self.model.device
         additive = [additive_mask(m, self.model.dtype) for m in masks]
+        drafts = None
+        if any(p.draft_rows is not None for p in plans):
+            drafts = torch.cat([torch.zeros(p.input_ids.numel(), dtype=torch.bool) if p.draft_rows is None
+                                else p.draft_rows for p in plans]).to(device)
         return self.model.forward_packed(
             torch.cat([p.input_ids for p in plans]).to(device), torch.cat([p.positions for p in plans]).to(device),
             [p.input_ids.numel() for p in plans], [None if m is None else m.to(device) for m in additive],
             [p.past for p in plans],
-            output_rows=[p.logit_rows.to(device) for p in plans],
+            output_rows=[p.logit_rows.to(device) for p in plans], draft_rows=drafts,
         )
 
     def run(self, state: DecodeState, on_step: Callable[[DecodeState], None] | None = None) -> GenerationResult:

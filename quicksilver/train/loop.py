@@ -230,9 +230,10 @@ _NOT_WEIGHTS = {"torch_dtype": None, "attention_mode": None, "causal_context": N
 def _param_groups(model: Transformer, tr: TrainSpec) -> list[dict[str, Any]]:
     """AdamW groups: matrices decay, vectors do not; a copy head's weights learn at ``copy_head_lr_scale``."""
     head = {id(p) for p in model.copy_head.parameters()} if model.copy_head is not None else set()
+    trained = [p for p in model.parameters() if p.requires_grad]
     groups = []
-    for scale, members in ((1.0, [p for p in model.parameters() if id(p) not in head]),
-                           (tr.copy_head_lr_scale, [p for p in model.parameters() if id(p) in head])):
+    for scale, members in ((1.0, [p for p in trained if id(p) not in head]),
+                           (tr.copy_head_lr_scale, [p for p in trained if id(p) in head])):
         for decay in (True, False):
             params = [p for p in members if (p.ndim >= 2) == decay]
             if params:
@@ -297,6 +298,9 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     cfg = model_config(recipe, tok)
     model = place_model(build_model(cfg, tr.seed), device)  # initialised on the CPU: the same weights anywhere
+    if tr.trainable == "drafts":  # only the draft adapters learn: the clean stream stays the weights started from
+        model.requires_grad_(False)
+        model.draft_adapters.requires_grad_(True)
     optimizer = torch.optim.AdamW(_param_groups(model, tr), lr=tr.lr, betas=tr.betas, fused=device.type == "cuda")
     gen = torch.Generator().manual_seed(tr.seed * 1000 + world.rank)
     step, tokens_seen, samples_seen, train_seconds = 0, 0, 0, 0.0
@@ -322,12 +326,18 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         loaded = load_pretrained(opts.init_from, dtype=torch.float32)
         # the attention mode is only a mask rule, so weights move between objectives (e.g. AR -> block diffusion)
         # a recipe may add a copy head to weights trained without one (it starts as the model without it)
-        grows = ({"copy_head": None, "copy_head_induction": None} if cfg.copy_head and not loaded.model.config.copy_head
-                 else {})
+        # and draft adapters to weights without them (they start as nothing)
+        grows: dict[str, None] = {}
+        if cfg.copy_head and not loaded.model.config.copy_head:
+            grows |= {"copy_head": None, "copy_head_induction": None}
+        if cfg.draft_adapter_size and not loaded.model.config.draft_adapter_size:
+            grows |= {"draft_adapter_size": None}
         if loaded.model.config.to_dict() | _NOT_WEIGHTS | grows != cfg.to_dict() | _NOT_WEIGHTS | grows:
             raise ValueError(f"{opts.init_from}: its config does not match the recipe's model")
         missing, unexpected = model.load_state_dict(loaded.model.state_dict(), strict=False)
-        if unexpected or any(not k.startswith("copy_head.") for k in missing) or (missing and not grows):
+        grown = (("copy_head.", "copy_head"), ("draft_adapters.", "draft_adapter_size"))
+        new_parts = tuple(prefix for prefix, key in grown if key in grows)  # none grown: no key may be missing
+        if unexpected or any(not k.startswith(new_parts) for k in missing):
             raise ValueError(f"{opts.init_from}: weights do not match the recipe's model ({missing + unexpected})")
         state_path = opts.init_from / TRAINING_STATE
         if state_path.is_file():
@@ -411,7 +421,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
                 step_samples += batch.samples
                 with autocast():
                     out = loss_fn(model, batch, noise, gen, teacher)
-                (out.loss / tr.grad_accum).backward()
+                if out.loss.requires_grad:  # a drafts-only batch may score no noisy row: nothing to learn from it
+                    (out.loss / tr.grad_accum).backward()
                 ahead = fetch()
                 loss_sum += float(out.loss.detach())
                 ce_sum += out.ce

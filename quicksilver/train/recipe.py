@@ -39,6 +39,9 @@ class ModelSpec(_Strict):
     copy_head: bool = False
     # with copy_head: induction pointers too, which copy the token after the one they point at
     copy_head_induction: bool = False
+    # block objective with causal_context: the drafts' own residual adapters (quicksilver.model.DraftAdapter), this
+    # wide; weights without them can be extended (--init-from)
+    draft_adapter_size: int = Field(0, ge=0)
 
 
 class DataSpec(_Strict):
@@ -80,6 +83,9 @@ class TrainSpec(_Strict):
     # copy head: weight of the pointers' own NLL of every scored target they could copy, whatever the gate gives
     # them (the mixture's loss alone trains pointers only as far as the gate already trusts them)
     pointer_weight: float = Field(0.0, ge=0)
+    # "drafts": train only the draft adapters (model.draft_adapter_size), every shared weight frozen, so the clean
+    # stream, and with it a self-speculative decoder's answers, stay exactly those of the weights started from
+    trainable: Literal["all", "drafts"] = "all"
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(1, gt=0)
@@ -113,6 +119,12 @@ class Recipe(_Strict):
     def _check(self) -> Recipe:
         if self.model.copy_head_induction and not self.model.copy_head:
             raise ValueError("model.copy_head_induction needs model.copy_head: true")
+        if self.train.trainable == "drafts":
+            if not self.model.draft_adapter_size:
+                raise ValueError("train.trainable: drafts needs draft adapters (model.draft_adapter_size > 0)")
+            if self.train.ar_weight or self.train.distill_weight or self.train.pointer_weight:
+                raise ValueError("train.trainable: drafts trains no shared weight: ar_weight, distill_weight and "
+                                 "pointer_weight must be 0")
         if self.train.pointer_weight > 0 and not self.model.copy_head:
             raise ValueError("train.pointer_weight needs a copy head (model.copy_head: true)")
         return self
