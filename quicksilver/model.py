@@ -350,12 +350,19 @@ class DraftAdapter(nn.Module):
         self.down = nn.Linear(cfg.hidden_size, cfg.draft_adapter_size, bias=False)
         self.up = nn.Linear(cfg.draft_adapter_size, cfg.hidden_size, bias=False)
 
+    def delta(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(F.silu(self.down(self.norm(x))))
+
     def forward(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """``x`` [B, T, d] with the adapter added at the noisy ``rows`` (bool [B, T]); None: no noisy rows."""
         if rows is None or not bool(rows.any()):
             return x
         picked = x[rows]
-        return x.index_put((rows,), picked + self.up(F.silu(self.down(self.norm(picked)))))
+        return x.index_put((rows,), picked + self.delta(picked))
+
+    def forward_packed(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """``x`` [1, N, d] with the adapter added at the packed rows ``rows`` (indices [n]; None: none)."""
+        return x if rows is None else x.index_add(1, rows, self.delta(x[:, rows]))
 
 
 @dataclass(frozen=True)
@@ -605,16 +612,23 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(positions.unsqueeze(0), rot_dim, self.config.rope_theta, x.dtype)
         per_seq: list[list[KV]] = [[] for _ in lengths]
         last = len(self.layers) - 1
-        drafts = None if draft_rows is None or self.draft_adapters is None else draft_rows[None]
+        adapters = self.draft_adapters
+        drafts = None  # indices of the noisy rows, found once for every adapter
+        if adapters is not None and draft_rows is not None and bool(draft_rows.any()):
+            drafts = draft_rows.nonzero().squeeze(-1)
         for i, layer in enumerate(self.layers):
             layer_pasts = [None if p is None else p[i] for p in pasts]
             rows = output_rows if i == last else None
-            x, kvs = layer.forward_packed(self._adapt(i, x, drafts), cos, sin, lengths, masks, layer_pasts, rows)
+            if drafts is not None:
+                x = adapters[i].forward_packed(x, drafts)
+            x, kvs = layer.forward_packed(x, cos, sin, lengths, masks, layer_pasts, rows)
             for seq, kv in zip(per_seq, kvs, strict=True):
                 seq.append(kv)
-        if drafts is not None and output_rows is not None:
-            drafts = drafts[:, _global_rows(output_rows, lengths)]
-        return self.norm(self._adapt(len(self.layers), x, drafts))[0], per_seq
+        if drafts is not None:
+            kept = draft_rows if output_rows is None else draft_rows[_global_rows(output_rows, lengths)]
+            if bool(kept.any()):
+                x = adapters[last + 1].forward_packed(x, kept.nonzero().squeeze(-1))
+        return self.norm(x)[0], per_seq
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states (any leading shape) onto the vocabulary, in float32. With a copy head this is

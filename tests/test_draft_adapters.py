@@ -56,6 +56,11 @@ def test_adapters_change_the_drafts_but_not_the_answers():
             d.step([s])
         drafts_differ |= not torch.equal(states[0].speculation.drafts, states[1].speculation.drafts)
     assert drafts_differ
+    # requests sharing forwards (packed rows, each with its own noisy rows) get the same answers
+    states = [adapted.start(tok.encode(p), SPEC) for p in PROMPTS]
+    while not all(st.finished for st in states):
+        adapted.step(states)
+    assert [st.answer_ids for st in states] == [adapted.generate(p, SPEC).token_ids for p in PROMPTS]
     # non-speculative block decoding runs the block being decoded through the adapters too
     threshold = SPEC.replace(policy="threshold")
     assert adapted.generate(PROMPTS[0], threshold).token_ids != plain.generate(PROMPTS[0], threshold).token_ids
