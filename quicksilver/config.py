@@ -67,11 +67,10 @@ class ModelConfig:
     # the copy head also has induction pointers: each points at a key and copies the token after it (the
     # continuation of a value it is copying)
     copy_head_induction: bool = False
-    # block_causal with causal_context only: width of the draft adapters (0: none). The noisy rows (drafts) then
-    # run through small residual adapters of their own while the clean rows use the shared weights alone, so
-    # the clean (causal) stream stays exactly what the weights compute without them: drafts trained with the
-    # shared weights frozen leave the answers of a self-speculative decoder unchanged (quicksilver.model.DraftAdapter)
-    draft_adapter_size: int = 0
+    # block_causal with causal_context only: the noisy rows (drafts) run through layers of their own (a draft tower,
+    # reading the shared layers' keys of the clean rows), so the clean causal stream is computed by the shared
+    # layers alone: drafts trained with those frozen leave a self-speculative decoder's answers as they were
+    draft_layers: bool = False
     eos_token_id: int = 1
     pad_token_id: int = 2
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end a response
@@ -101,11 +100,8 @@ class ModelConfig:
             raise ConfigError("a causal (autoregressive) model must have token_shift=true")
         if self.copy_head_induction and not self.copy_head:
             raise ConfigError("copy_head_induction needs copy_head")
-        if self.draft_adapter_size < 0:
-            raise ConfigError("draft_adapter_size must be >= 0")
-        if self.draft_adapter_size and not (self.attention_mode == "block_causal" and self.causal_context):
-            raise ConfigError("draft_adapter_size needs a block_causal model with causal_context "
-                              "(a clean causal stream)")
+        if self.draft_layers and not (self.attention_mode == "block_causal" and self.causal_context):
+            raise ConfigError("draft_layers needs a block_causal model with causal_context (a clean causal stream)")
 
     @property
     def end_token_ids(self) -> list[int]:

@@ -232,6 +232,31 @@ def _global_rows(query_rows: list[torch.Tensor], lengths: list[int]) -> torch.Te
     return torch.cat([r + o for r, o in zip(query_rows, offsets, strict=True)]).long()
 
 
+def _merge(a: torch.Tensor, b: torch.Tensor, rows_a: torch.Tensor, rows_b: torch.Tensor, dim: int) -> torch.Tensor:
+    """Rows ``a`` and ``b`` (along ``dim``) put back at their places ``rows_a`` and ``rows_b``."""
+    shape = list(a.shape)
+    shape[dim] = rows_a.numel() + rows_b.numel()
+    return a.new_empty(shape).index_copy_(dim, rows_a, a).index_copy_(dim, rows_b, b)
+
+
+def _split_layer_packed(layer, draft_layer, split, x, cos, sin, lengths, masks, pasts, query_rows):
+    """:meth:`Block.forward_packed` with the noisy rows run through ``draft_layer``: the projections and MLP of
+    clean and noisy rows use their own weights, attention runs once over all rows as usual."""
+    clean, noisy, is_noisy = split
+    qc, kc, vc = layer.attention_inputs(x[:, clean], cos[:, :, clean], sin[:, :, clean])
+    qn, kn, vn = draft_layer.attention_inputs(x[:, noisy], cos[:, :, noisy], sin[:, :, noisy])
+    q, k, v = (_merge(c, n, clean, noisy, 2) for c, n in ((qc, qn), (kc, kn), (vc, vn)))
+    if query_rows is not None:
+        sel = _global_rows(query_rows, lengths)
+        q, x, is_noisy = q[:, :, sel], x[:, sel], is_noisy[sel]
+    y, new_kvs = layer.self_attn.attend_packed(q, k, v, lengths, masks, pasts, query_rows)
+    if y.shape[1] == 0:
+        return x, new_kvs
+    out_clean, out_noisy = (~is_noisy).nonzero().squeeze(-1), is_noisy.nonzero().squeeze(-1)
+    return _merge(layer.attention_outputs(x[:, out_clean], y[:, out_clean]),
+                  draft_layer.attention_outputs(x[:, out_noisy], y[:, out_noisy]), out_clean, out_noisy, 1), new_kvs
+
+
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -333,36 +358,6 @@ class Block(nn.Module):
     def attention_outputs(self, x, y):
         x = x + self.self_attn.o_proj(y)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class DraftAdapter(nn.Module):
-    """A residual bottleneck (norm, down, SiLU, up) that only the noisy rows (drafts) go through.
-
-    A self-speculative decoder answers with the clean causal stream and only uses the noisy rows' drafts to save
-    forwards. Clean rows never attend to noisy rows, so when the noisy rows alone get adapters (before every layer
-    and before the final norm) and the shared weights stay frozen, the clean stream computes exactly what the
-    weights did without them: drafts can be trained onto an autoregressive model without changing its answers
-    (TiDAR-style drafting on an AR model's own weights). ``up`` starts at zero: a new adapter changes nothing."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.down = nn.Linear(cfg.hidden_size, cfg.draft_adapter_size, bias=False)
-        self.up = nn.Linear(cfg.draft_adapter_size, cfg.hidden_size, bias=False)
-
-    def delta(self, x: torch.Tensor) -> torch.Tensor:
-        return self.up(F.silu(self.down(self.norm(x))))
-
-    def forward(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        """``x`` [B, T, d] with the adapter added at the noisy ``rows`` (bool [B, T]); None: no noisy rows."""
-        if rows is None or not bool(rows.any()):
-            return x
-        picked = x[rows]
-        return x.index_put((rows,), picked + self.delta(picked))
-
-    def forward_packed(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        """``x`` [1, N, d] with the adapter added at the packed rows ``rows`` (indices [n]; None: none)."""
-        return x if rows is None else x.index_add(1, rows, self.delta(x[:, rows]))
 
 
 @dataclass(frozen=True)
@@ -505,21 +500,19 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.copy_head = CopyHead(cfg) if cfg.copy_head else None
-        # one adapter before every layer and one before the final norm, for the noisy rows only
-        self.draft_adapters = (nn.ModuleList(DraftAdapter(cfg) for _ in range(cfg.num_hidden_layers + 1))
-                               if cfg.draft_adapter_size else None)
+        # the noisy rows' own layers (draft tower): clean rows never attend to noisy rows, so with these the clean
+        # (causal) stream is computed by ``layers`` alone, whatever the drafts' weights are
+        self.draft_layers = (nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+                             if cfg.draft_layers else None)
         self.apply(self._init_weights)
         if self.copy_head is not None:
             self.copy_head.reset_parameters()
-        self.reset_draft_adapters()
 
-    def reset_draft_adapters(self) -> None:
-        """New draft adapters add nothing (their up projections are zero): the model is the one without them."""
-        for adapter in self.draft_adapters or ():
-            nn.init.zeros_(adapter.up.weight)
-
-    def _adapt(self, i: int, x: torch.Tensor, draft_rows: torch.Tensor | None) -> torch.Tensor:
-        return x if self.draft_adapters is None else self.draft_adapters[i](x, draft_rows)
+    def copy_layers_to_drafts(self) -> None:
+        """Start the draft tower as a copy of the shared layers: the drafts then begin as the model without a tower
+        computes them (e.g. an AR model's weights run as a block model), and training specialises them."""
+        if self.draft_layers is not None:
+            self.draft_layers.load_state_dict(self.layers.state_dict())
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -552,14 +545,14 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None | str = "auto",
         past: list[KV] | None = None,
-        draft_rows: torch.Tensor | None = None,
+        noisy: bool = False,
     ) -> tuple[torch.Tensor, list[KV]]:
         """Run the stack.
 
         input_ids: [B, T]; positions: [B, T] absolute positions (default 0..T-1 after the past);
         mask: bool [B, 1, T, S+T] (True = attend), None for full attention, or "auto" for the model's
-        own attention mode over ``positions``; past: per-layer (k, v) of S earlier positions; draft_rows: bool
-        [B, T], the noisy rows (they go through the draft adapters, when the model has them).
+        own attention mode over ``positions``; past: per-layer (k, v) of S earlier positions; noisy: the inputs are
+        noisy rows (drafts), run through the draft tower when the model has one.
         Returns final-norm hidden states [B, T, d] and the per-layer (k, v) of the T inputs.
         """
         b, t = input_ids.shape
@@ -574,10 +567,11 @@ class Transformer(nn.Module):
         rot_dim = int(self.config.head_dim * self.config.partial_rotary_factor)
         cos, sin = rope_cos_sin(positions, rot_dim, self.config.rope_theta, x.dtype)
         new_kvs: list[KV] = []
-        for i, layer in enumerate(self.layers):
-            x, kv = layer(self._adapt(i, x, draft_rows), cos, sin, mask, past[i] if past else None)
+        layers = self.draft_layers if noisy and self.draft_layers is not None else self.layers
+        for i, layer in enumerate(layers):
+            x, kv = layer(x, cos, sin, mask, past[i] if past else None)
             new_kvs.append(kv)
-        return self.norm(self._adapt(len(self.layers), x, draft_rows)), new_kvs
+        return self.norm(x), new_kvs
 
     def forward_packed(
         self,
@@ -601,7 +595,7 @@ class Transformer(nn.Module):
         With ``output_rows`` (per sequence, the row indices whose hidden states the caller reads, e.g. the
         still-masked positions) the last layer computes only those rows (keys and values still cover every
         row) and the result is [sum of their counts, d], sequence after sequence. ``draft_rows`` [N] bool: the
-        noisy rows, for a model with draft adapters.
+        noisy rows, which a model with a draft tower runs through it.
         """
         if sum(lengths) != input_ids.numel() or positions.shape != input_ids.shape:
             raise ValueError("packed input_ids/positions must hold sum(lengths) rows")
@@ -612,22 +606,19 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(positions.unsqueeze(0), rot_dim, self.config.rope_theta, x.dtype)
         per_seq: list[list[KV]] = [[] for _ in lengths]
         last = len(self.layers) - 1
-        adapters = self.draft_adapters
-        drafts = None  # indices of the noisy rows, found once for every adapter
-        if adapters is not None and draft_rows is not None and bool(draft_rows.any()):
-            drafts = draft_rows.nonzero().squeeze(-1)
+        split = None  # (clean row indices, noisy row indices, noisy [N]) when a draft tower has rows to run
+        if self.draft_layers is not None and draft_rows is not None and bool(draft_rows.any()):
+            split = ((~draft_rows).nonzero().squeeze(-1), draft_rows.nonzero().squeeze(-1), draft_rows)
         for i, layer in enumerate(self.layers):
             layer_pasts = [None if p is None else p[i] for p in pasts]
             rows = output_rows if i == last else None
-            if drafts is not None:
-                x = adapters[i].forward_packed(x, drafts)
-            x, kvs = layer.forward_packed(x, cos, sin, lengths, masks, layer_pasts, rows)
+            if split is None:
+                x, kvs = layer.forward_packed(x, cos, sin, lengths, masks, layer_pasts, rows)
+            else:
+                x, kvs = _split_layer_packed(layer, self.draft_layers[i], split, x, cos, sin, lengths, masks,
+                                             layer_pasts, rows)
             for seq, kv in zip(per_seq, kvs, strict=True):
                 seq.append(kv)
-        if drafts is not None:
-            kept = draft_rows if output_rows is None else draft_rows[_global_rows(output_rows, lengths)]
-            if bool(kept.any()):
-                x = adapters[last + 1].forward_packed(x, kept.nonzero().squeeze(-1))
         return self.norm(x)[0], per_seq
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -145,7 +145,7 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
     check_compile_device(model.device)
     options = {"guard_filter_fn": _guard_inputs_only}
     compiled: dict[tuple, tuple] = {}  # layer structure -> its two compiled functions
-    for layer in model.layers:
+    for layer in [*model.layers, *(model.draft_layers or ())]:
         inputs, outputs = compiled.setdefault(_structure(layer), (
             torch.compile(_own_code(_attention_inputs), dynamic=True, options=options),
             torch.compile(_own_code(_attention_outputs), dynamic=True, options=options)))

@@ -28,7 +28,14 @@ def test_shipped_model_loads_and_generates(name: str, mode: str):
 
 def test_twins_share_size_tokenizer_and_training_budget():
     default, twin = load_model("default"), load_model("ar-twin")
-    assert default.model.num_parameters() == twin.model.num_parameters()
+    # a draft tower (the noisy rows' own layers) aside, the two have the same parameters
+    drafts = sum(p.numel() for n, p in default.model.named_parameters() if n.startswith("draft_layers."))
+    assert default.model.num_parameters() - drafts == twin.model.num_parameters()
+    shared = {k: v for k, v in default.model.state_dict().items() if not k.startswith("draft_layers.")}
+    if default.model.draft_layers is not None:  # and then the default's shared weights are the twin's, exactly
+        twin_weights = twin.model.state_dict()
+        assert shared.keys() == twin_weights.keys()
+        assert all(torch.equal(v, twin_weights[k]) for k, v in shared.items())
     assert default.tokenizer.backend.to_str() == twin.tokenizer.backend.to_str()
     states = [json.loads((MODELS_DIR / n / "training_state.json").read_text()) for n in ("default", "ar-twin")]
     assert states[0]["objective"] == "block" and states[1]["objective"] == "ar"
@@ -45,14 +52,15 @@ def answer_stages(state: dict) -> list[dict]:
     """The training stages behind a model's answers, latest first (a state and the ``warm_start`` chain it
     started from). A stage that trained only the drafts on the model's own answers, while its causal stream (the
     answers, under self_speculative) learned only to match its earlier weights (ar_weight 0, a teacher), is set
-    aside: the twin has no drafts to match it. The model card reports its steps and time."""
+    aside: the twin has no drafts to match it. So is a stage that trained only a draft tower (``trainable: drafts``)
+    with every shared weight frozen. The model card reports their steps and time."""
     stages = []
     while state:
         train = (state.get("recipe") or {}).get("train", {})
-        drafts_only = train.get("ar_weight") == 0 and train.get("distill_weight", 0) > 0
-        if drafts_only:
+        distilled = train.get("ar_weight") == 0 and train.get("distill_weight", 0) > 0
+        if distilled:
             assert state["warm_start"]["objective"] == state["objective"]  # the same model, drafts distilled
-        else:
+        if not (distilled or train.get("trainable") == "drafts"):  # a tower only: the shared weights never moved
             stages.append(state)
         state = state.get("warm_start")
     return stages

@@ -298,9 +298,9 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     cfg = model_config(recipe, tok)
     model = place_model(build_model(cfg, tr.seed), device)  # initialised on the CPU: the same weights anywhere
-    if tr.trainable == "drafts":  # only the draft adapters learn: the clean stream stays the weights started from
+    if tr.trainable == "drafts":  # only the draft tower learns: the clean stream stays the weights started from
         model.requires_grad_(False)
-        model.draft_adapters.requires_grad_(True)
+        model.draft_layers.requires_grad_(True)
     optimizer = torch.optim.AdamW(_param_groups(model, tr), lr=tr.lr, betas=tr.betas, fused=device.type == "cuda")
     gen = torch.Generator().manual_seed(tr.seed * 1000 + world.rank)
     step, tokens_seen, samples_seen, train_seconds = 0, 0, 0, 0.0
@@ -326,19 +326,21 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         loaded = load_pretrained(opts.init_from, dtype=torch.float32)
         # the attention mode is only a mask rule, so weights move between objectives (e.g. AR -> block diffusion)
         # a recipe may add a copy head to weights trained without one (it starts as the model without it)
-        # and draft adapters to weights without them (they start as nothing)
+        # and a draft tower to weights without one (it starts as a copy of the layers)
         grows: dict[str, None] = {}
         if cfg.copy_head and not loaded.model.config.copy_head:
             grows |= {"copy_head": None, "copy_head_induction": None}
-        if cfg.draft_adapter_size and not loaded.model.config.draft_adapter_size:
-            grows |= {"draft_adapter_size": None}
+        if cfg.draft_layers and not loaded.model.config.draft_layers:
+            grows |= {"draft_layers": None}
         if loaded.model.config.to_dict() | _NOT_WEIGHTS | grows != cfg.to_dict() | _NOT_WEIGHTS | grows:
             raise ValueError(f"{opts.init_from}: its config does not match the recipe's model")
         missing, unexpected = model.load_state_dict(loaded.model.state_dict(), strict=False)
-        grown = (("copy_head.", "copy_head"), ("draft_adapters.", "draft_adapter_size"))
+        grown = (("copy_head.", "copy_head"), ("draft_layers.", "draft_layers"))
         new_parts = tuple(prefix for prefix, key in grown if key in grows)  # none grown: no key may be missing
         if unexpected or any(not k.startswith(new_parts) for k in missing):
             raise ValueError(f"{opts.init_from}: weights do not match the recipe's model ({missing + unexpected})")
+        if "draft_layers" in grows:
+            model.copy_layers_to_drafts()
         state_path = opts.init_from / TRAINING_STATE
         if state_path.is_file():
             state = json.loads(state_path.read_text())

@@ -165,11 +165,11 @@ def block_prediction_rows(
     ids = torch.cat([noisy, batch.ids], dim=1)
     positions = torch.cat([batch.positions, batch.positions], dim=1)
     mask = block_diffusion_mask(batch, bs, model.config.causal_context, cut, stop)[:, 0]
-    if model.draft_adapters is None:
+    if model.draft_layers is None:
         hidden, kvs = model(ids, positions, mask=mask.unsqueeze(1))
         keys = kvs[-1][0]
     else:
-        hidden, keys = _adapted_forward(model, batch, noisy, mask)
+        hidden, keys = _tower_forward(model, batch, noisy, mask)
     clean = CopyContext(batch.positions, keys, ids, mask[:, L:], positions)
     if not model.config.token_shift:
         return hidden[:, :L], hidden[:, L:], CopyContext(batch.positions, keys, ids, mask[:, :L], positions), clean
@@ -180,20 +180,19 @@ def block_prediction_rows(
     return hidden.gather(1, src.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])), hidden[:, L:], rows, clean
 
 
-def _adapted_forward(
+def _tower_forward(
     model: Transformer, batch: Batch, noisy: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A draft-adapter model's forward over ``[x_t || x_0]`` with ``mask`` [B, 2L, 2L]: hidden states [B, 2L, d]
-    and the last layer's keys, the noisy rows through the adapters. The clean rows never see the noisy ones, so
-    the clean stream can run first; with the shared weights frozen it runs without autograd and only the noisy
-    rows (reading its keys as a past) are differentiated: a third less work per step."""
+    """A draft-tower model's forward over ``[x_t || x_0]`` with ``mask`` [B, 2L, 2L]: hidden states [B, 2L, d] and
+    the last layer's keys. The clean rows never see the noisy ones, so the clean stream runs first through the
+    shared layers, then the noisy rows through the tower, reading its keys as a past. With the shared weights frozen
+    the clean stream runs without autograd: only the noisy rows are differentiated."""
     L = batch.ids.shape[1]
-    drafts = torch.ones_like(noisy, dtype=torch.bool)
     frozen = not model.embed_tokens.weight.requires_grad
     with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
         clean, clean_kvs = model(batch.ids, batch.positions, mask=mask[:, None, L:, L:])
     noisy_mask = torch.cat([mask[:, :L, L:], mask[:, :L, :L]], dim=-1)  # keys: the past (clean), then its own
-    hidden, noisy_kvs = model(noisy, batch.positions, mask=noisy_mask.unsqueeze(1), past=clean_kvs, draft_rows=drafts)
+    hidden, noisy_kvs = model(noisy, batch.positions, mask=noisy_mask.unsqueeze(1), past=clean_kvs, noisy=True)
     return torch.cat([hidden, clean], dim=1), torch.cat([noisy_kvs[-1][0], clean_kvs[-1][0]], dim=2)
 
 

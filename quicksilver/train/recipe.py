@@ -39,9 +39,9 @@ class ModelSpec(_Strict):
     copy_head: bool = False
     # with copy_head: induction pointers too, which copy the token after the one they point at
     copy_head_induction: bool = False
-    # block objective with causal_context: the drafts' own residual adapters (quicksilver.model.DraftAdapter), this
-    # wide; weights without them can be extended (--init-from)
-    draft_adapter_size: int = Field(0, ge=0)
+    # block objective with causal_context: the noisy rows run through layers of their own (a draft tower); weights
+    # without one can be extended (--init-from: the tower starts as a copy of the shared layers)
+    draft_layers: bool = False
 
 
 class DataSpec(_Strict):
@@ -83,7 +83,7 @@ class TrainSpec(_Strict):
     # copy head: weight of the pointers' own NLL of every scored target they could copy, whatever the gate gives
     # them (the mixture's loss alone trains pointers only as far as the gate already trusts them)
     pointer_weight: float = Field(0.0, ge=0)
-    # "drafts": train only the draft adapters (model.draft_adapter_size), every shared weight frozen, so the clean
+    # "drafts": train only the draft tower (model.draft_layers), every shared weight frozen, so the clean
     # stream, and with it a self-speculative decoder's answers, stay exactly those of the weights started from
     trainable: Literal["all", "drafts"] = "all"
     checkpoint_every: int = Field(100, gt=0)
@@ -120,8 +120,8 @@ class Recipe(_Strict):
         if self.model.copy_head_induction and not self.model.copy_head:
             raise ValueError("model.copy_head_induction needs model.copy_head: true")
         if self.train.trainable == "drafts":
-            if not self.model.draft_adapter_size:
-                raise ValueError("train.trainable: drafts needs draft adapters (model.draft_adapter_size > 0)")
+            if not self.model.draft_layers:
+                raise ValueError("train.trainable: drafts needs a draft tower (model.draft_layers: true)")
             if self.train.ar_weight or self.train.distill_weight or self.train.pointer_weight:
                 raise ValueError("train.trainable: drafts trains no shared weight: ar_weight, distill_weight and "
                                  "pointer_weight must be 0")
