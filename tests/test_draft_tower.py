@@ -138,3 +138,19 @@ def test_bad_settings_are_refused():
         tiny_config("block_causal", draft_layers=True)
     with pytest.raises(ConfigError, match="causal_context"):
         tiny_config("causal", token_shift=True, draft_layers=True)
+
+
+@pytest.mark.parametrize("variant", ["int8", "int8w"])
+def test_quantised_tower_models_quantise_the_tower_and_still_verify(variant: str):
+    from quicksilver.variants import Int8Linear, Int8WeightLinear, as_variant
+
+    model = as_variant(tower_model(), variant)
+    kind = Int8Linear if variant == "int8" else Int8WeightLinear
+    assert any(isinstance(m, kind) for m in model.draft_layers.modules())
+    causal = tiny_model("causal", token_shift=True)
+    causal.load_state_dict(tower_model().state_dict(), strict=False)
+    causal = as_variant(causal, variant)
+    tok = tiny_tokenizer()
+    got = Decoder(model, tok).generate(PROMPTS[1], SPEC)
+    ref = Decoder(causal, tok).generate(PROMPTS[1], SPEC.replace(policy="threshold"))
+    assert got.token_ids == ref.token_ids
