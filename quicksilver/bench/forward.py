@@ -40,10 +40,13 @@ def _step_fn(case: ForwardCase, prefix: int):
     mask = config_mask(cfg, q, pos[0])
     masks = [additive_mask(mask, model.dtype)]  # as the decoder passes it
     step_ids, past, wanted = ids[0, prefix:], [kv], [torch.arange(case.logit_rows, device=device)]
+    # with a causal context the rows of the block being decoded are noisy (a draft tower's, when there is one)
+    drafts = q // cfg.block_size == q[-1] // cfg.block_size if cfg.causal_context else None
 
     def run() -> None:
         with torch.inference_mode():  # the packed forward, as the decoder runs it (compiled layers included)
-            hidden, _ = model.forward_packed(step_ids, q, [case.rows], masks, past, output_rows=wanted)
+            hidden, _ = model.forward_packed(step_ids, q, [case.rows], masks, past, output_rows=wanted,
+                                             draft_rows=drafts)
             model.logits(hidden)
         if device.type == "cuda":  # kernels run asynchronously: time them to the end
             torch.cuda.synchronize(device)
