@@ -19,6 +19,11 @@ the vocabulary only at positions that are still masked.
 With ``copy_head`` (our own models only) the output is a mixture of the vocabulary distribution and a pointer
 over the tokens the position can see (:class:`CopyHead`), returned as log-probabilities so that every caller
 that treats the output as logits (softmax, argmax, cross-entropy) works unchanged.
+
+With ``draft_layers`` (block-causal with a causal context only) the noisy rows, the drafts, run through a second
+stack of layers (a draft tower) that reads the shared layers' keys of the clean rows. Clean rows never attend to
+noisy rows, so the clean causal stream is what the shared layers compute alone: drafts trained with the shared
+weights frozen make a self-speculative decoder faster without changing its answers.
 """
 
 from __future__ import annotations
