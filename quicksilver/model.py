@@ -244,22 +244,55 @@ def _merge(a: torch.Tensor, b: torch.Tensor, rows_a: torch.Tensor, rows_b: torch
     return a.new_empty(shape).index_copy_(dim, rows_a, a).index_copy_(dim, rows_b, b)
 
 
-def _split_layer_packed(layer, draft_layer, split, x, cos, sin, lengths, masks, pasts, query_rows):
-    """:meth:`Block.forward_packed` with the noisy rows run through ``draft_layer``: the projections and MLP of
-    clean and noisy rows use their own weights, attention runs once over all rows as usual."""
-    clean, noisy, is_noisy = split
-    qc, kc, vc = layer.attention_inputs(x[:, clean], cos[:, :, clean], sin[:, :, clean])
-    qn, kn, vn = draft_layer.attention_inputs(x[:, noisy], cos[:, :, noisy], sin[:, :, noisy])
-    q, k, v = (_merge(c, n, clean, noisy, 2) for c, n in ((qc, qn), (kc, kn), (vc, vn)))
-    if query_rows is not None:
-        sel = _global_rows(query_rows, lengths)
-        q, x, is_noisy = q[:, :, sel], x[:, sel], is_noisy[sel]
+def split_attention_inputs(layer, layer_draft, x, cos, sin, n_clean: int):
+    """:meth:`Block.attention_inputs` of rows ``x`` [1, N, d] whose first ``n_clean`` rows are clean (shared weights)
+    and the rest noisy (``layer_draft``'s weights): queries, keys and values of all N rows, in order."""
+    c = n_clean
+    qc, kc, vc = type(layer).attention_inputs(layer, x[:, :c], cos[:, :, :c], sin[:, :, :c])
+    qn, kn, vn = type(layer_draft).attention_inputs(layer_draft, x[:, c:], cos[:, :, c:], sin[:, :, c:])
+    return torch.cat([qc, qn], 2), torch.cat([kc, kn], 2), torch.cat([vc, vn], 2)
+
+
+def split_attention_outputs(layer, layer_draft, x, y, n_clean: int):
+    """:meth:`Block.attention_outputs` of rows whose first ``n_clean`` are clean, the rest noisy."""
+    c = n_clean
+    return torch.cat([type(layer).attention_outputs(layer, x[:, :c], y[:, :c]),
+                      type(layer_draft).attention_outputs(layer_draft, x[:, c:], y[:, c:])], 1)
+
+
+def _merge(a: torch.Tensor, b: torch.Tensor, rows_a: torch.Tensor, rows_b: torch.Tensor, dim: int) -> torch.Tensor:
+    """Rows ``a`` and ``b`` (along ``dim``) put back at their places ``rows_a`` and ``rows_b``."""
+    shape = list(a.shape)
+    shape[dim] = rows_a.numel() + rows_b.numel()
+    return a.new_empty(shape).index_copy_(dim, rows_a, a).index_copy_(dim, rows_b, b)
+
+
+def _split_layer_packed(model, i, split, x, cos, sin, lengths, masks, pasts, query_rows):
+    """Layer ``i``'s :meth:`Block.forward_packed` with the noisy rows run through its draft layer: the projections and
+    MLP of clean and noisy rows use their own weights, attention runs once over all rows as usual. ``split`` is the
+    number of clean rows when they all come before the noisy ones (one request: two slices, and with compiled
+    layers two compiled calls as without a tower), else (clean rows, noisy rows, noisy [N])."""
+    layer, layer_draft = model.layers[i], model.draft_layers[i]
+    sel = None if query_rows is None else _global_rows(query_rows, lengths)
+    if isinstance(split, int):
+        q, k, v = model.split_inputs(layer, layer_draft, x, cos, sin, split)
+    else:
+        clean, noisy, is_noisy = split
+        qc, kc, vc = layer.attention_inputs(x[:, clean], cos[:, :, clean], sin[:, :, clean])
+        qn, kn, vn = layer_draft.attention_inputs(x[:, noisy], cos[:, :, noisy], sin[:, :, noisy])
+        q, k, v = (_merge(c, n, clean, noisy, 2) for c, n in ((qc, qn), (kc, kn), (vc, vn)))
+    if sel is not None:
+        q, x = q[:, :, sel], x[:, sel]
     y, new_kvs = layer.self_attn.attend_packed(q, k, v, lengths, masks, pasts, query_rows)
     if y.shape[1] == 0:
         return x, new_kvs
+    if isinstance(split, int):  # rows are sorted, so the wanted clean rows still come first
+        n_clean = split if sel is None else int((sel < split).sum())
+        return model.split_outputs(layer, layer_draft, x, y, n_clean), new_kvs
+    is_noisy = is_noisy if sel is None else is_noisy[sel]
     out_clean, out_noisy = (~is_noisy).nonzero().squeeze(-1), is_noisy.nonzero().squeeze(-1)
     return _merge(layer.attention_outputs(x[:, out_clean], y[:, out_clean]),
-                  draft_layer.attention_outputs(x[:, out_noisy], y[:, out_noisy]), out_clean, out_noisy, 1), new_kvs
+                  layer_draft.attention_outputs(x[:, out_noisy], y[:, out_noisy]), out_clean, out_noisy, 1), new_kvs
 
 
 class SwiGLU(nn.Module):
@@ -509,6 +542,8 @@ class Transformer(nn.Module):
         # (causal) stream is computed by ``layers`` alone, whatever the drafts' weights are
         self.draft_layers = (nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
                              if cfg.draft_layers else None)
+        # a layer's two weight sets over one request's rows; quicksilver.variants.compile_layers compiles these
+        self.split_inputs, self.split_outputs = split_attention_inputs, split_attention_outputs
         self.apply(self._init_weights)
         if self.copy_head is not None:
             self.copy_head.reset_parameters()
@@ -611,17 +646,18 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(positions.unsqueeze(0), rot_dim, self.config.rope_theta, x.dtype)
         per_seq: list[list[KV]] = [[] for _ in lengths]
         last = len(self.layers) - 1
-        split = None  # (clean row indices, noisy row indices, noisy [N]) when a draft tower has rows to run
+        split: int | tuple | None = None  # how a draft tower's rows are told apart (_split_layer_packed)
         if self.draft_layers is not None and draft_rows is not None and bool(draft_rows.any()):
-            split = ((~draft_rows).nonzero().squeeze(-1), draft_rows.nonzero().squeeze(-1), draft_rows)
+            n_clean = int((~draft_rows).sum())
+            split = n_clean if not bool(draft_rows[:n_clean].any()) else \
+                ((~draft_rows).nonzero().squeeze(-1), draft_rows.nonzero().squeeze(-1), draft_rows)
         for i, layer in enumerate(self.layers):
             layer_pasts = [None if p is None else p[i] for p in pasts]
             rows = output_rows if i == last else None
             if split is None:
                 x, kvs = layer.forward_packed(x, cos, sin, lengths, masks, layer_pasts, rows)
             else:
-                x, kvs = _split_layer_packed(layer, self.draft_layers[i], split, x, cos, sin, lengths, masks,
-                                             layer_pasts, rows)
+                x, kvs = _split_layer_packed(self, i, split, x, cos, sin, lengths, masks, layer_pasts, rows)
             for seq, kv in zip(per_seq, kvs, strict=True):
                 seq.append(kv)
         return self.norm(x)[0], per_seq

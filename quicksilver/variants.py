@@ -29,7 +29,15 @@ import types
 import torch
 from torch import nn
 
-from quicksilver.model import Attention, CopyHead, MoE, SwiGLU, Transformer
+from quicksilver.model import (
+    Attention,
+    CopyHead,
+    MoE,
+    SwiGLU,
+    Transformer,
+    split_attention_inputs,
+    split_attention_outputs,
+)
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8", "int8w")  # what a served model may run in
 COMPILED = "+compile"  # suffix of a variant whose layers are compiled (compile_layers)
@@ -152,6 +160,9 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
         layer.attention_inputs = functools.partial(inputs, layer)
         if not isinstance(layer.mlp, MoE):
             layer.attention_outputs = functools.partial(outputs, layer)
+    if model.draft_layers is not None:  # one request's clean and noisy rows: both weight sets in one graph
+        model.split_inputs = torch.compile(_own_code(_split_inputs), dynamic=True, options=options)
+        model.split_outputs = torch.compile(_own_code(_split_outputs), dynamic=True, options=options)
     if warm_up:
         warm_up_layers(model)
     return model
@@ -174,6 +185,9 @@ def warm_up_layers(model: Transformer) -> None:
     for rows, wanted in ((1, 1), (1, 0), (n, 1), (3, 3)):
         model.forward_packed(ids[:rows], positions[:rows] + n, [rows], [None], [past],
                              output_rows=[torch.arange(wanted)])
+    if model.draft_layers is not None:  # a self-speculative step: clean rows, then noisy ones through the tower
+        model.forward_packed(ids, positions + n, [n], [None], [past], output_rows=[torch.arange(2, 9)],
+                             draft_rows=torch.arange(n, device=device) >= 4)
 
 
 def _own_code(fn: types.FunctionType) -> types.FunctionType:
@@ -204,6 +218,14 @@ def _attention_inputs(layer, x, cos, sin, sel=None):
 
 def _attention_outputs(layer, x, y):
     return type(layer).attention_outputs(layer, x, y)
+
+
+def _split_inputs(layer, layer_draft, x, cos, sin, n_clean):  # (parameter names: see _guard_inputs_only)
+    return split_attention_inputs(layer, layer_draft, x, cos, sin, n_clean)
+
+
+def _split_outputs(layer, layer_draft, x, y, n_clean):
+    return split_attention_outputs(layer, layer_draft, x, y, n_clean)
 
 
 def quantise_weight_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
