@@ -107,7 +107,9 @@ def stack_projections(model: Transformer) -> None:
     product costs mostly its call, so this saves time; quantised per output row (as int8 and int8w are), the
     stacked layer computes exactly what the separate ones did. The last layer's attention stays as it is: its
     queries are projected only for the rows whose logits are wanted, which at many streams saves more."""
-    last_attention = [model.layers[-1].self_attn]  # (a draft tower's last layer projects every row: stacked)
+    # the shared stack's last attention (a draft tower's last layer projects every row: stacked like the others)
+    layers = getattr(model, "layers", None)
+    last_attention = [layers[-1].self_attn] if layers else [m for m in model.modules() if isinstance(m, Attention)][-1:]
     for module in model.modules():
         if isinstance(module, Attention) and module.qkv_proj is None and module not in last_attention:
             module.qkv_proj = _stacked([module.q_proj, module.k_proj, module.v_proj])
