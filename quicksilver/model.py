@@ -268,13 +268,6 @@ def split_attention_outputs(layer, layer_draft, x, y, n_clean: int):
                      1)
 
 
-def _merge(a: torch.Tensor, b: torch.Tensor, rows_a: torch.Tensor, rows_b: torch.Tensor, dim: int) -> torch.Tensor:
-    """Rows ``a`` and ``b`` (along ``dim``) put back at their places ``rows_a`` and ``rows_b``."""
-    shape = list(a.shape)
-    shape[dim] = rows_a.numel() + rows_b.numel()
-    return a.new_empty(shape).index_copy_(dim, rows_a, a).index_copy_(dim, rows_b, b)
-
-
 def _split_layer_packed(model, i, split, x, cos, sin, lengths, masks, pasts, query_rows):
     """Layer ``i``'s :meth:`Block.forward_packed` with the noisy rows run through its draft layer: the projections and
     MLP of clean and noisy rows use their own weights, attention runs once over all rows as usual. ``split`` is the

@@ -114,7 +114,7 @@ class _Plan:
     mask: torch.Tensor | None = None  # [T, S + T]; None: the model's own rule over the positions
     speculative: Layout | None = None  # self-speculative step: where its two copies of the block sit
     prefill: bool = False  # only writes prompt keys to the cache (chunked prefill): nothing to sample
-    draft_rows: torch.Tensor | None = None  # [T] bool: noisy rows (a causal-context model's in-block rows, drafts)
+    draft_rows: torch.Tensor | None = None  # [T] bool, draft-tower models only: noisy rows (in-block rows, drafts)
 
     def attention_mask(self, cfg: ModelConfig) -> torch.Tensor | None:
         """[T, S + T] bool (True = attend) over the past then the inputs; None when every row sees every key."""
@@ -191,6 +191,7 @@ class DecodeState:
         self.prefix_pending = self.cache_mode == "exact" and decoder.prefix_cache is not None
         self.shared_len = 0  # prompt tokens whose keys were offered to the prefix cache
         self.causal_context = cfg.causal_context
+        self.draft_tower = cfg.draft_layers  # plans mark their noisy rows only for a model that runs them apart
         self.prefill_chunk = decoder.prefill_chunk if self.cache_mode == "exact" else None
         self.finished = False
         self.finish_reason: str | None = None
@@ -303,7 +304,7 @@ class DecodeState:
             past_positions = torch.arange(0)
         positions = torch.arange(start, end)
         # with a causal context only the block being decoded is noisy (bidirectional); the rows before it are text
-        draft_rows = positions // mb == (end - 1) // mb if self.causal_context else None
+        draft_rows = positions // mb == (end - 1) // mb if self.draft_tower else None
         return _Plan(
             input_ids=self.tokens[start:end],
             positions=positions,
@@ -372,7 +373,8 @@ class DecodeState:
             store=store,
             mask=mask,
             speculative=lay,
-            draft_rows=torch.arange(ids.numel()) >= lay.fed.numel(),  # the clean copy first, then the noisy one
+            # the clean copy first, then the noisy one
+            draft_rows=torch.arange(ids.numel()) >= lay.fed.numel() if self.draft_tower else None,
         )
 
     # -- applying a step -------------------------------------------------------------------------------
