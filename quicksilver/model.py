@@ -246,8 +246,8 @@ def _merge(a: torch.Tensor, b: torch.Tensor, rows_a: torch.Tensor, rows_b: torch
 
 def _row_slice(x: torch.Tensor, start: int, end: int | None) -> torch.Tensor:
     """Rows ``start:end`` of ``x`` [1, N, d] as [1, n, d] with the strides of a tensor of that shape. ``x[:, a:b]``
-    keeps the batch stride N x d, and oneDNN's bf16 matrix product then takes a path 4-5x slower (190 against 45 us
-    for 9 x 256 @ 256 x 512 on this CPU, 1 thread)."""
+    keeps the batch stride N x d, and oneDNN's bf16 matrix product then takes a path 4-5x slower (170-185 against
+    41-43 us for 9 x 256 @ 256 x 512 on this CPU, 1 thread: benchmarks/row_slice_matmul.py)."""
     return x[0, start:end].unsqueeze(0)
 
 
