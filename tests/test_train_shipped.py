@@ -50,9 +50,9 @@ def test_twins_share_size_tokenizer_and_training_budget():
 
 def answer_stages(state: dict) -> list[dict]:
     """The training stages behind a model's answers, latest first (a state and the ``warm_start`` chain it
-    started from). A stage that trained only the drafts on the model's own answers, while its causal stream (the
-    answers, under self_speculative) learned only to match its earlier weights (ar_weight 0, a teacher), is set
-    aside: the twin has no drafts to match it. So is a stage that trained only a draft tower (``trainable: drafts``)
+    started from). A stage in which the causal stream (the answers, under self_speculative) learned only from a
+    teacher (ar_weight 0: its earlier weights, or the twin itself) while the drafts learned answers is set aside:
+    the twin has no drafts to match it, and the model card reports what the teacher lent. So is a stage that trained only a draft tower (``trainable: drafts``)
     with every shared weight frozen. The model card reports their steps and time."""
     stages = []
     while state:
