@@ -52,8 +52,9 @@ def answer_stages(state: dict) -> list[dict]:
     """The training stages behind a model's answers, latest first (a state and the ``warm_start`` chain it
     started from). A stage in which the causal stream (the answers, under self_speculative) learned only from a
     teacher (ar_weight 0: its earlier weights, or the twin itself) while the drafts learned answers is set aside:
-    the twin has no drafts to match it, and the model card reports what the teacher lent. So is a stage that trained only a draft tower (``trainable: drafts``)
-    with every shared weight frozen. The model card reports their steps and time."""
+    the twin has no drafts to match it, and the model card reports what the teacher lent. So is a stage that
+    trained only a draft tower (``trainable: drafts``) with every shared weight frozen. The model card reports
+    their steps and time."""
     stages = []
     while state:
         train = (state.get("recipe") or {}).get("train", {})
