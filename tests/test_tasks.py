@@ -49,7 +49,7 @@ def _corruptions(ex: Example) -> list[str]:
         rows = _content(ex).split("\n")
         swapped = [rows[0][1] + rows[0][0] + rows[0][2:], *rows[1:]]  # row stays a permutation, columns break
         return ["\n".join(swapped), "\n".join(rows[:3]), "1234\n1234\n1234\n1234"]
-    if task == "json":
+    if task in ("json", "json_varied"):
         value = dict(ans["value"])
         key = next(iter(value))
         wrong = {**value, key: value[key] + 1 if isinstance(value[key], int | float) and not isinstance(
@@ -255,3 +255,26 @@ def test_agent_open_arguments_come_from_open_sets_and_chains_take_two_tools():
             break
     else:
         raise AssertionError("no chained calculator step among the examples")
+
+
+def test_json_varied_states_every_value_and_never_a_held_out_json_wording():
+    """The drill composes new wordings; none may reproduce a ``json`` task sentence or request held out for eval."""
+    from quicksilver.tasks.base import split_items
+    from quicksilver.tasks.json_extraction import _ASKS, RECORDS, _text_slots
+
+    held_texts = {rec.kind: split_items(rec.texts, "eval") for rec in RECORDS}
+    held_asks = [a.split("{")[0].strip() for a in split_items(_ASKS, "eval")]
+    texts = set()
+    for ex in _examples("json_varied", "train", 400):
+        request = ex.messages[-1]["content"]
+        value = ex.answer["value"]
+        rec = next(r for r in RECORDS if r.schema == ex.answer["schema"])
+        for v in value.values():  # every value is in the request verbatim (booleans as words)
+            assert isinstance(v, bool) or str(v) in request
+        for template in held_texts[rec.kind]:
+            assert template.format(**_text_slots(value)) not in request
+        assert not any(ask and ask in request for ask in held_asks)
+        texts.add(request)
+    assert len(texts) == 400  # composed anew: no two alike
+    held_users = {ex.messages[-1]["content"] for ex in _examples("json_varied", "eval", 40)}
+    assert not held_users & texts

@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --init-from: count steps from 0 with the recipe's warm-up and schedule (fresh AdamW), "
                         "continuing the data stream")
     p.add_argument("--data-start", type=int, metavar="N",
-                   help="with --init-from --new-schedule: read the data stream from sample N (one process) instead "
-                        "of where the weights left it, e.g. to give two models the same rows")
+                   help="with --init-from --new-schedule: read the data stream from sample N (each process its own "
+                        "stream) instead of where the weights left it, e.g. to give two models the same rows")
     p.add_argument("--max-steps", type=int, help="override the recipe's max_steps (end of the LR schedule)")
     p.add_argument("--stop-at-step", type=int, help="checkpoint and stop at this step (schedule unchanged)")
     p.add_argument("--max-time-min", type=float, help="checkpoint and stop after this many minutes")

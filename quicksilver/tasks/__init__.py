@@ -14,6 +14,7 @@ from quicksilver.tasks.base import Example, Split, Task, clean_output, render, r
 from quicksilver.tasks.code_synthesis import CodeSynthesis
 from quicksilver.tasks.infilling import Infilling
 from quicksilver.tasks.json_extraction import JsonExtraction
+from quicksilver.tasks.json_varied import JsonVaried
 from quicksilver.tasks.planning import Countdown, Sudoku
 from quicksilver.tasks.recall import Recall
 from quicksilver.tasks.retrieval import RetrievalQA
@@ -25,6 +26,7 @@ TASKS: dict[str, Task] = {
         ToolCall(),
         ToolAnswer(),
         JsonExtraction(),
+        JsonVaried(),
         Arithmetic(),
         WordProblem(),
         Countdown(),

@@ -281,8 +281,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
     total = opts.max_steps or tr.max_steps
     if opts.resume and opts.init_from is not None:
         raise ValueError("use either --resume (continue this run) or --init-from (warm start), not both")
-    if opts.data_start is not None and not (opts.new_schedule and world.size == 1 and opts.data_start >= 0):
-        raise ValueError("--data-start needs --init-from with --new-schedule, one process, and N >= 0")
+    if opts.data_start is not None and not (opts.new_schedule and opts.data_start >= 0):
+        raise ValueError("--data-start needs --init-from with --new-schedule, and N >= 0")
     if opts.new_schedule and opts.init_from is None:
         raise ValueError("--new-schedule starts a new run on --init-from's weights; pass --init-from too")
     resume_path = latest_checkpoint(run_dir) if opts.resume else None
@@ -356,8 +356,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
                 # a model's matched budget (tests/test_train_shipped.py)
                 warm_start = {k: state.get(k) for k in ("objective", "step", "tokens_seen", "samples_seen",
                                                          "train_seconds", "data_positions", "recipe", "warm_start")}
-        if opts.data_start is not None:
-            positions = [opts.data_start]
+        if opts.data_start is not None:  # every process's stream from sample N: two models read the same rows
+            positions = [opts.data_start] * world.size
         if step >= total:
             raise ValueError(f"{opts.init_from} was trained for {step} steps already; pass --max-steps > {step}")
     ddp.broadcast_parameters(model, world)
