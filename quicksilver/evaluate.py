@@ -30,15 +30,17 @@ EVAL_SEED = 20251202
 DEFAULT_N = 50
 # Answer budgets per task (tokens), generous for our 4k BPE; the same for every model.
 MAX_TOKENS: dict[str, int] = {
-    "tool_call": 64, "tool_answer": 48, "json": 64, "arithmetic": 48, "word_problem": 48, "countdown": 40,
-    "sudoku": 32, "retrieval": 32, "code": 96, "infill": 48,
+    "tool_call": 64, "tool_answer": 48, "json": 64, "json_varied": 64, "arithmetic": 48, "word_problem": 48,
+    "countdown": 40, "sudoku": 32, "retrieval": 32, "code": 96, "infill": 48,
 }
 
 
-def eval_examples(task: str, n: int = DEFAULT_N, seed: int = EVAL_SEED) -> list[Example]:
-    """The fixed held-out examples of a task (index i depends only on (seed, task, i))."""
+def eval_examples(task: str, n: int = DEFAULT_N, seed: int = EVAL_SEED, phrasings: str = "eval") -> list[Example]:
+    """The fixed held-out examples of a task (index i depends only on (seed, task, i)). ``phrasings="train"``
+    words the same held-out draws with the training phrasings instead: a diagnostic that separates what a
+    model cannot do from wordings it has not seen (the values and seeds stay held out)."""
     t = get_task(task)
-    return [t.generate(random.Random(f"eval:{seed}:{task}:{i}"), "eval") for i in range(n)]
+    return [t.generate(random.Random(f"eval:{seed}:{task}:{i}"), phrasings) for i in range(n)]
 
 
 TOOL_CHOICES = ("auto", "required")
@@ -128,13 +130,15 @@ def evaluate(
     on_task: Callable[[str, dict], None] | None = None,
     constrained: bool = False,
     tool_choice: str = "auto",
+    phrasings: str = "eval",
 ) -> dict[str, Any]:
     """Run the held-out suite; returns {"model", "params", "constrained", "tasks": {name: metrics}, "overall"}.
 
     ``params`` defaults to the model's own generation defaults (policy, threshold, block size, ...). The answer
     budget is per task (``MAX_TOKENS``), the same for every model, unless ``max_tokens`` sets one for all.
     ``constrained``: decode and grade as an API client would get it (see the module doc); ``tool_choice`` is the
-    one such a client sends with tools ("auto", as the server defaults to; "required" forces a call)."""
+    one such a client sends with tools ("auto", as the server defaults to; "required" forces a call).
+    ``phrasings``: "eval" (the held-out wordings, the suite) or "train" (see ``eval_examples``)."""
     from quicksilver.decoding import Decoder
     from quicksilver.structured.request import constraint_factory
 
@@ -147,19 +151,22 @@ def evaluate(
         raise ValueError("batch_size must be >= 1")
     if tool_choice not in TOOL_CHOICES:
         raise ValueError(f"tool_choice must be one of {TOOL_CHOICES}")
+    if phrasings not in ("eval", "train"):
+        raise ValueError("phrasings must be 'eval' or 'train'")
     base = params or loaded.defaults
     tok = loaded.tokenizer
     decoder = Decoder(loaded.model, tok, base)
     report: dict[str, Any] = {
         "model": loaded.name or str(loaded.path), "seed": seed, "n": n, "batch_size": batch_size,
-        "params": {k: v for k, v in vars(base).items() if k != "extra"}, "constrained": constrained, "tasks": {},
+        "params": {k: v for k, v in vars(base).items() if k != "extra"}, "constrained": constrained,
+        "phrasings": phrasings, "tasks": {},
     }
     if constrained:
         report["tool_choice"] = tool_choice
     totals = {"correct": 0, "count": 0, "tokens": 0, "forwards": 0, "seconds": 0.0}
     for name in names:
         task = get_task(name)
-        examples = eval_examples(name, n, seed)
+        examples = eval_examples(name, n, seed, phrasings)
         budget = max_tokens or MAX_TOKENS.get(name, base.max_tokens)
         prompts, items, makers, requests = {}, [], {}, {}
         build_seconds = 0.0  # building a request's constraint is part of serving it: timed with the decoding

@@ -25,6 +25,16 @@ def test_eval_prompts_are_fixed():
     assert a == b and len(set(a)) == 5
 
 
+def test_training_phrasings_word_the_same_held_out_draws_differently(tiny_dir):
+    """--phrasings train keeps the held-out values (the same answers) and swaps the held-out wordings."""
+    held, trained = eval_examples("json", 40), eval_examples("json", 40, phrasings="train")
+    assert [ex.answer for ex in held] == [ex.answer for ex in trained]
+    held_users = {ex.messages[-1]["content"] for ex in held}
+    assert not held_users & {ex.messages[-1]["content"] for ex in trained}
+    with pytest.raises(ValueError, match="phrasings"):
+        evaluate(load_pretrained(tiny_dir), ["json"], n=1, phrasings="test")
+
+
 def test_evaluate_reports_per_task_metrics(tiny_dir):
     loaded = load_pretrained(tiny_dir)
     report = evaluate(loaded, ["sudoku", "arithmetic"], n=3, batch_size=2, max_tokens=8, keep_outputs=True)

@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "task with response_format json_schema, under the server's constraints (default: free)")
     p.add_argument("--tool-choice", choices=("auto", "required"), default=None,
                    help="with --constrained: the tool_choice sent with tools (default auto, like the server)")
+    p.add_argument("--phrasings", choices=("eval", "train"), default="eval",
+                   help="word the held-out draws with the held-out phrasings (default: the suite) or with the "
+                        "training ones: a diagnostic that separates unseen wordings from what a model cannot do")
     p.add_argument("--list", action="store_true", help="list the tasks and exit")
     p.set_defaults(func=run)
 
@@ -69,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
                                  ("frequency_penalty", args.frequency_penalty)) if v is not None}
     params = loaded.defaults.replace(**changes)
     precision, variant = precision_of(loaded.model), variant_of(loaded.model)
-    console.print(f"[bold]{loaded.name or loaded.path}[/bold] ({variant}): {args.n} held-out examples per task, "
-                  f"{mode} decoding", style="dim")
+    wording = "" if args.phrasings == "eval" else ", worded with the TRAINING phrasings"
+    console.print(f"[bold]{loaded.name or loaded.path}[/bold] ({variant}): {args.n} held-out examples per task"
+                  f"{wording}, {mode} decoding", style="dim")
 
     def progress(name: str, m: dict) -> None:
         console.print(f"  {name:12s} {m['accuracy']:6.1%}  ({m['tokens_per_forward']:.2f} tok/fwd)", style="dim")
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate(loaded, tasks, n=args.n, params=params, batch_size=args.batch_size,
                       seed=EVAL_SEED if args.seed is None else args.seed, max_tokens=args.max_tokens,
                       keep_outputs=args.outputs, on_task=progress, constrained=args.constrained,
-                      tool_choice=tool_choice)
+                      tool_choice=tool_choice, phrasings=args.phrasings)
     report["precision"], report["compiled"] = precision, is_compiled(loaded.model)
     table = Table(title=f"quicksilver eval - {report['model']} ({variant}) - "
                         f"{'constrained' if args.constrained else 'free'}")
