@@ -33,6 +33,14 @@ def test_two_processes_train_and_agree(tmp_path: Path):
     # each step consumed both ranks' rows: 2 processes x 4 rows x 64 tokens
     assert log[-1]["tokens_seen"] == 12 * 2 * 4 * 64
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["ckpt-00000006.pt", "ckpt-00000012.pt"]
+    # a warm start with --data-start 0 reads every process's stream from its start: the rows of the run above
+    warm = tmp_path / "warm"
+    proc = subprocess.run([*cmd[:-3], "--run-dir", str(warm), "--no-progress", "--init-from", str(run_dir / "export"),
+                           "--new-schedule", "--data-start", "0"], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    states = [json.loads((d / "export" / "training_state.json").read_text()) for d in (run_dir, warm)]
+    positions = [s["data_positions"] for s in states]
+    assert len(positions[1]) == 2 and positions[0] == positions[1]
 
 
 RELEASE_SCRIPT = """

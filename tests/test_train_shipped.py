@@ -42,26 +42,30 @@ def test_twins_share_size_tokenizer_and_training_budget():
     assert all(s["step"] > 0 and s["tokens_seen"] > 0 for s in states)
     # same budget: the stages behind each model's answers add up to the same steps and tokens, and the last of
     # them ended at the same position of the shared data stream (so both read the same rows)
-    default_stages, twin_stages = answer_stages(states[0]), answer_stages(states[1])
+    twin_stages = answer_stages(states[1])
+    default_stages = answer_stages(states[0], matched=[s["data_positions"] for s in twin_stages])
     assert sum(s["step"] for s in default_stages) == sum(s["step"] for s in twin_stages)
     assert sum(s["tokens_seen"] for s in default_stages) == sum(s["tokens_seen"] for s in twin_stages)
     assert default_stages[0]["data_positions"] == twin_stages[0]["data_positions"]
 
 
-def answer_stages(state: dict) -> list[dict]:
+def answer_stages(state: dict, matched: list | None = None) -> list[dict]:
     """The training stages behind a model's answers, latest first (a state and the ``warm_start`` chain it
     started from). A stage in which the causal stream (the answers, under self_speculative) learned only from a
     teacher (ar_weight 0: its earlier weights, or the twin itself) while the drafts learned answers is set aside:
     the twin has no drafts to match it, and the model card reports what the teacher lent. So is a stage that
     trained only a draft tower (``trainable: drafts``) with every shared weight frozen. The model card reports
-    their steps and time."""
+    their steps and time. Except: a distilled stage that read the same rows as a twin stage (its data positions
+    are in ``matched``; session 33's jv33 runs, whose teacher was the twin trained on those rows) counts, since the
+    twin's matching stage counts too."""
     stages = []
     while state:
         train = (state.get("recipe") or {}).get("train", {})
         distilled = train.get("ar_weight") == 0 and train.get("distill_weight", 0) > 0
         if distilled:
             assert state["warm_start"]["objective"] == state["objective"]  # the same model, drafts distilled
-        if not (distilled or train.get("trainable") == "drafts"):  # a tower only: the shared weights never moved
+        same_rows = distilled and state.get("data_positions") in (matched or [])
+        if same_rows or not (distilled or train.get("trainable") == "drafts"):  # a tower only: shared weights fixed
             stages.append(state)
         state = state.get("warm_start")
     return stages
