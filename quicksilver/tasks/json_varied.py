@@ -20,7 +20,7 @@ import random
 from typing import Any
 
 from quicksilver.tasks.base import Example, Split, Task, check_split, history_turns, pick, system_turn, user_turn
-from quicksilver.tasks.json_extraction import _COLORS, _JSON_SYSTEMS, RECORDS, JsonExtraction, Record
+from quicksilver.tasks.json_extraction import _JSON_SYSTEMS, RECORDS, JsonExtraction, Record
 from quicksilver.tasks.recall import made_up_word
 
 # How a field is mentioned in prose ("{v}" is the value) and the labels it takes in a list. Booleans have a
@@ -171,7 +171,6 @@ class JsonVaried(Task):
         values = record.make(rng)
         if rng.random() < 0.5:
             values = _made_up_values(rng, values)
-        assert values.get("color", _COLORS[0]) in _COLORS
         text = compose_text(rng, record, values, split)
         schema_text = json.dumps(record.schema)
         messages = system_turn(rng, split, _JSON_SYSTEMS) + history_turns(rng, split)
