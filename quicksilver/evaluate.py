@@ -24,6 +24,7 @@ from typing import Any
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.sampling import SamplingParams
 from quicksilver.tasks import SUITE, Example, get_task, render_prompt
+from quicksilver.tasks.base import SPLITS
 from quicksilver.tokenizer import TOOL_CALLS, Tokenizer
 
 EVAL_SEED = 20251202
@@ -151,8 +152,8 @@ def evaluate(
         raise ValueError("batch_size must be >= 1")
     if tool_choice not in TOOL_CHOICES:
         raise ValueError(f"tool_choice must be one of {TOOL_CHOICES}")
-    if phrasings not in ("eval", "train"):
-        raise ValueError("phrasings must be 'eval' or 'train'")
+    if phrasings not in SPLITS:
+        raise ValueError(f"phrasings must be one of {SPLITS}")
     base = params or loaded.defaults
     tok = loaded.tokenizer
     decoder = Decoder(loaded.model, tok, base)

@@ -124,7 +124,7 @@ def _mention(rng: random.Random, key: str, value: Any, split: Split) -> str:
 def _bool_word(rng: random.Random, key: str, value: bool, split: Split) -> str:
     if rng.random() < 0.3:
         return rng.choice(("yes", "true")) if value else rng.choice(("no", "false"))
-    return pick(rng, _BOOL_CLAUSES[key], split)[0 if value else 1]
+    return _mention(rng, key, value, split)
 
 
 def compose_text(rng: random.Random, record: Record, values: dict[str, Any], split: Split) -> str:
