@@ -57,7 +57,7 @@ def _corruptions(ex: Example) -> list[str]:
         missing = dict(list(value.items())[1:])
         extra = {**value, "note": "extra"}
         return [json.dumps(wrong), json.dumps(missing), json.dumps(extra), json.dumps(value)[:-1]]
-    if task == "tool_call":
+    if task in ("tool_call", "tool_varied"):
         if isinstance(ans, dict):  # no tool fits
             n = ans["no_call"]
             return [f"{n + 1}", f'{TOOL_CALLS}[{{"name": "get_time", "arguments": {{"city": "Oslo"}}}}] {n}']
@@ -278,3 +278,55 @@ def test_json_varied_states_every_value_and_never_a_held_out_json_wording():
     assert len(texts) == 400  # composed anew: no two alike
     held_users = {ex.messages[-1]["content"] for ex in _examples("json_varied", "eval", 40)}
     assert not held_users & texts
+
+
+def test_worked_sum_steps_are_right_and_end_on_the_sum():
+    from quicksilver.tasks.arithmetic import final_integer, worked_sum
+
+    for a in range(0, 100, 7):
+        for b in range(0, 100, 3):
+            text = worked_sum(a, b)
+            assert final_integer(text) == a + b
+            ones, tens = re.search(r"ones (.*?);", text).group(1), re.search(r"tens (.*?);", text).group(1)
+            for step in (ones.split(",")[0], tens):  # each step is a true one-digit equation
+                left, right = step.split(" = ")
+                assert sum(int(x) for x in left.split(" + ")) == int(right)
+            assert ("carry 1" in text) == (a % 10 + b % 10 >= 10)
+    with pytest.raises(ValueError):
+        worked_sum(100, 1)
+
+
+def test_tool_varied_states_every_argument_and_never_a_held_out_tool_request():
+    """The drill composes new requests; none may contain a ``tool_call`` request or no-tool question held out
+    for eval, and its held-out pieces never appear in training requests."""
+    from quicksilver.tasks.base import split_items
+    from quicksilver.tasks.tool_use import _NO_TOOL_ASKS, TOOLS_BY_NAME
+
+    def fixed_parts(templates):  # the literal text between slots, long enough to be a wording
+        return {p.strip(" .?!,").lower() for t in templates for p in re.split(r"\{\w+\}", t) if len(p.strip()) >= 8}
+
+    def templates(split):
+        return [*(a for spec in TOOLS_BY_NAME.values() for a in split_items(spec.asks, split)),
+                *split_items(_NO_TOOL_ASKS, split)]
+
+    trained = " | ".join(templates("train")).lower()
+    held = {part for part in fixed_parts(templates("eval")) if part not in trained}  # wordings only eval has
+    requests, kinds = set(), set()
+    for ex in _examples("tool_varied", "train", 600):
+        request = ex.messages[-1]["content"]
+        if isinstance(ex.answer, dict):
+            kinds.add("no_call")
+        else:
+            call = ex.answer[0]
+            kinds.add(call["name"])
+            assert call["name"] in {t["function"]["name"] for t in ex.tools}
+            schema_order = [k for k in TOOLS_BY_NAME[call["name"]].properties if k in call["arguments"]]
+            assert list(call["arguments"]) == schema_order
+            for value in call["arguments"].values():
+                assert str(value) in request
+        assert not [part for part in held if part in request.lower()], request
+        requests.add(request)
+    assert kinds == {*TOOLS_BY_NAME, "no_call"}
+    assert len(requests) > 580  # composed anew: nearly all distinct
+    held_requests = {ex.messages[-1]["content"] for ex in _examples("tool_varied", "eval", 60)}
+    assert not held_requests & requests

@@ -19,12 +19,14 @@ from quicksilver.tasks.planning import Countdown, Sudoku
 from quicksilver.tasks.recall import Recall
 from quicksilver.tasks.retrieval import RetrievalQA
 from quicksilver.tasks.tool_use import ToolAnswer, ToolCall
+from quicksilver.tasks.tool_varied import ToolVaried
 
 TASKS: dict[str, Task] = {
     t.name: t
     for t in (
         ToolCall(),
         ToolAnswer(),
+        ToolVaried(),
         JsonExtraction(),
         JsonVaried(),
         Arithmetic(),

@@ -20,6 +20,23 @@ def final_integer(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
+def worked_sum(a: int, b: int) -> str:
+    """``a + b`` worked column by column for two non-negative numbers below 100: "46 + 48: ones 6 + 8 = 14,
+    carry 1; tens 4 + 4 + 1 = 9; sum 94."
+
+    Why: numbers are BPE chunks here ("139" is " 13" + "9"), so a one-line "a + b = c" asks the model to recall
+    one of ~10,000 sums; the shipped models got 3 of 30 such answers right. Column by column, each step is a
+    one-digit fact (a hundred of them) and the sum is the tens result followed by the ones digit."""
+    if not (0 <= a < 100 and 0 <= b < 100):
+        raise ValueError(f"worked_sum takes numbers 0..99, got {a} and {b}")
+    ones = a % 10 + b % 10
+    carry = ones // 10
+    tens = a // 10 + b // 10 + carry
+    tens_step = f"{a // 10} + {b // 10} + 1 = {tens}" if carry else f"{a // 10} + {b // 10} = {tens}"
+    carry_note = f", carry {carry}" if carry else ""
+    return f"{a} + {b}: ones {a % 10} + {b % 10} = {ones}{carry_note}; tens {tens_step}; sum {a + b}."
+
+
 def _verify_int(example: Example, output: str) -> bool:
     from quicksilver.tasks.base import clean_output
 

@@ -134,7 +134,11 @@ def compose_text(rng: random.Random, record: Record, values: dict[str, Any], spl
         subject, rest = keys[0], keys[1:]
         rng.shuffle(rest)
         clauses = [_mention(rng, k, values[k], split) for k in rest]
-        text = str(values[subject])
+        front = ""
+        if clauses and rng.random() < 0.3:  # one clause before the subject: "Based in Oslo, Ana Ruiz, aged 40"
+            first = clauses.pop(0)
+            front = first[0].upper() + first[1:] + ", "
+        text = front + str(values[subject])
         for i, clause in enumerate(clauses):
             text += (", " if i == 0 else pick(rng, _CONNECTORS, split)) + clause
         return text + rng.choice((".", ".", ""))

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from quicksilver.tasks.arithmetic import final_integer, worked_sum
 from quicksilver.tasks.base import (
     Example,
     Split,
@@ -527,15 +528,13 @@ class ToolCall(Task):
             a, b = rng.randint(2, 99), rng.randint(2, 99)
             messages[-1] = {"role": "user", "content": pick(rng, _NO_TOOL_ASKS, split).format(a=a, b=b)}
             answer = {"no_call": a + b}
-            target = {"role": "assistant", "content": f"{a} + {b} = {a + b}."}
+            target = {"role": "assistant", "content": worked_sum(a, b)}
             return Example(self.name, messages, target, answer, tools)
         call = [{"name": spec.name, "arguments": args}]
         return Example(self.name, messages, {"role": "assistant", "content": "", "tool_calls": call}, call, tools)
 
     def verify(self, example: Example, output: str) -> bool:
         if isinstance(example.answer, dict):  # no tool fits: no call, and the right number
-            from quicksilver.tasks.arithmetic import final_integer
-
             text = clean_output(output)
             return TOOL_CALLS not in text and final_integer(text) == example.answer["no_call"]
         calls = parse_tool_calls(clean_output(output))
