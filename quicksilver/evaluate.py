@@ -31,7 +31,7 @@ EVAL_SEED = 20251202
 DEFAULT_N = 50
 # Answer budgets per task (tokens), generous for our 4k BPE; the same for every model.
 MAX_TOKENS: dict[str, int] = {
-    "tool_call": 64, "tool_answer": 48, "tool_varied": 64, "json": 64, "json_varied": 64, "arithmetic": 48,
+    "tool_call": 64, "tool_answer": 48, "tool_varied": 64, "sums": 48, "json": 64, "json_varied": 64, "arithmetic": 48,
     "word_problem": 48, "countdown": 40, "sudoku": 32, "retrieval": 32, "code": 96, "infill": 48,
 }
 

@@ -40,7 +40,7 @@ def _content(ex: Example) -> str:
 def _corruptions(ex: Example) -> list[str]:
     """Wrong answers for ``ex``: each must be rejected."""
     task, ans = ex.task, ex.answer
-    if task in ("arithmetic", "word_problem"):
+    if task in ("arithmetic", "word_problem", "sums"):
         return [_bump_last_int(_content(ex)), "I am not sure.", ""]
     if task == "countdown":
         eqs = _content(ex)

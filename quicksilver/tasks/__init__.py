@@ -19,7 +19,7 @@ from quicksilver.tasks.planning import Countdown, Sudoku
 from quicksilver.tasks.recall import Recall
 from quicksilver.tasks.retrieval import RetrievalQA
 from quicksilver.tasks.tool_use import ToolAnswer, ToolCall
-from quicksilver.tasks.tool_varied import ToolVaried
+from quicksilver.tasks.tool_varied import Sums, ToolVaried
 
 TASKS: dict[str, Task] = {
     t.name: t
@@ -27,6 +27,7 @@ TASKS: dict[str, Task] = {
         ToolCall(),
         ToolAnswer(),
         ToolVaried(),
+        Sums(),
         JsonExtraction(),
         JsonVaried(),
         Arithmetic(),
