@@ -25,8 +25,8 @@ def worked_sum(a: int, b: int) -> str:
     carry 1; tens 4 + 4 + 1 = 9; sum 94."
 
     Why: numbers are BPE chunks here ("139" is " 13" + "9"), so a one-line "a + b = c" asks the model to recall
-    one of ~10,000 sums; the shipped models got 3 of 30 such answers right. Column by column, each step is a
-    one-digit fact (a hundred of them) and the sum is the tens result followed by the ones digit."""
+    one of ~10,000 sums; the session-33 default and twin got 0 and 2 of 27 held-out ones right. Column by column,
+    each step is a one-digit fact (a hundred of them) and the sum is the tens result followed by the ones digit."""
     if not (0 <= a < 100 and 0 <= b < 100):
         raise ValueError(f"worked_sum takes numbers 0..99, got {a} and {b}")
     ones = a % 10 + b % 10

@@ -517,6 +517,11 @@ _NO_TOOL_ASKS = (
 NO_TOOL_RATE = 0.1  # share of tool_call examples where no offered tool fits and the assistant answers directly
 
 
+def sum_without_call(task: str, messages: list[dict], a: int, b: int, tools: list[dict] | None) -> Example:
+    """An example whose right answer calls no tool and works out ``a + b`` (graded by ``ToolCall.verify``)."""
+    return Example(task, messages, {"role": "assistant", "content": worked_sum(a, b)}, {"no_call": a + b}, tools)
+
+
 class ToolCall(Task):
     name = "tool_call"
     description = "choose a tool from a list and fill its arguments (exact JSON match), or answer without one"
@@ -527,9 +532,7 @@ class ToolCall(Task):
         if rng.random() < NO_TOOL_RATE:  # nothing in the tool list helps: answer in words, call nothing
             a, b = rng.randint(2, 99), rng.randint(2, 99)
             messages[-1] = {"role": "user", "content": pick(rng, _NO_TOOL_ASKS, split).format(a=a, b=b)}
-            answer = {"no_call": a + b}
-            target = {"role": "assistant", "content": worked_sum(a, b)}
-            return Example(self.name, messages, target, answer, tools)
+            return sum_without_call(self.name, messages, a, b, tools)
         call = [{"name": spec.name, "arguments": args}]
         return Example(self.name, messages, {"role": "assistant", "content": "", "tool_calls": call}, call, tools)
 

@@ -19,18 +19,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from quicksilver.tasks.arithmetic import final_integer, worked_sum
-from quicksilver.tasks.base import (
-    Example,
-    Split,
-    Task,
-    check_split,
-    clean_output,
-    history_turns,
-    pick,
-    system_turn,
-    user_turn,
-)
+from quicksilver.tasks.base import Example, Split, Task, check_split, history_turns, pick, system_turn, user_turn
 from quicksilver.tasks.recall import made_up_word
 from quicksilver.tasks.tool_use import (
     _TOOL_SYSTEMS,
@@ -46,8 +35,8 @@ from quicksilver.tasks.tool_use import (
     TOOLS_BY_NAME,
     WORDS,
     ToolCall,
+    sum_without_call,
 )
-from quicksilver.tokenizer import TOOL_CALLS
 
 # Intent phrases per tool: what the user wants, without the arguments.
 _INTENTS: dict[str, tuple[str, ...]] = {
@@ -206,8 +195,7 @@ class ToolVaried(Task):
         if rng.random() < 0.2:  # nothing offered fits: a sum, worked out, no call
             a, b = rng.randint(2, 99), rng.randint(2, 99)
             messages.append(user_turn(rng, split, compose_sum_request(rng, a, b, split)))
-            return Example(self.name, messages, {"role": "assistant", "content": worked_sum(a, b)},
-                           {"no_call": a + b}, tools)
+            return sum_without_call(self.name, messages, a, b, tools)
         args = _make_args(rng, tool)
         messages.append(user_turn(rng, split, compose_request(rng, tool, args, split)))
         call = [{"name": tool, "arguments": args}]
@@ -233,8 +221,6 @@ class Sums(Task):
             tools = [TOOLS_BY_NAME[t].schema() for t in rng.sample(tuple(TOOLS_BY_NAME), rng.randint(1, 2))]
         messages = system_turn(rng, split, p_none=0.6)
         messages.append(user_turn(rng, split, compose_sum_request(rng, a, b, split)))
-        return Example(self.name, messages, {"role": "assistant", "content": worked_sum(a, b)}, a + b, tools)
+        return sum_without_call(self.name, messages, a, b, tools)
 
-    def verify(self, example: Example, output: str) -> bool:
-        text = clean_output(output)
-        return TOOL_CALLS not in text and final_integer(text) == example.answer
+    verify = ToolCall.verify
