@@ -95,6 +95,8 @@ def test_cli_trains_exports_and_plots(tmp_path: Path, capsys):
         (["train", "{dir}/missing.yaml"], "recipe not found"),
         (["train", "{dir}/bad.yaml"], "train.lr"),
         (["train", "{dir}/unknown.yaml"], "Extra inputs are not permitted"),
+        (["train", "{dir}/orphan.yaml"], "recipe not found (base of"),
+        (["train", "{dir}/loop.yaml"], "recipe bases form a cycle"),
         (["train", "plot", "{dir}/missing.jsonl", "-o", "{dir}/x.png"], "log not found"),
         (["train", "export", "{dir}"], "usage"),
         (["train", "export", "{dir}", "-o", "{dir}/out"], "no checkpoints"),
@@ -106,9 +108,27 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys, argv: list[str], messag
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**TOY, "train": {"lr": -1}}))
     (tmp_path / "unknown.yaml").write_text(yaml.safe_dump({**TOY, "optimiser": "sgd"}))
     (tmp_path / "ok.yaml").write_text(yaml.safe_dump(TOY))
+    (tmp_path / "orphan.yaml").write_text("base: gone.yaml\n")
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\nname: x\n")
     assert main([a.format(dir=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_recipe_names_its_base_and_states_only_its_changes(tmp_path: Path):
+    """``base:`` merges mappings key by key (mix entries too) and replaces lists and scalars; chains resolve."""
+    (tmp_path / "round1.yaml").write_text(yaml.safe_dump(TOY))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "round2.yaml").write_text(yaml.safe_dump(
+        {"base": "../round1.yaml", "name": "round2", "train": {"lr": 1e-4, "betas": [0.8, 0.9]}}))
+    (tmp_path / "sub" / "round3.yaml").write_text("base: round2.yaml\ntrain:\n  max_steps: 7\n")
+    first, third = Recipe.load(tmp_path / "round1.yaml"), Recipe.load(tmp_path / "sub" / "round3.yaml")
+    assert third.name == "round2" and third.train.lr == 1e-4 and third.train.betas == (0.8, 0.9)
+    assert third.train.max_steps == 7 and first.train.max_steps != 7
+    rest = {"lr", "betas", "max_steps"}
+    assert {k: v for k, v in third.train.model_dump().items() if k not in rest} == {
+        k: v for k, v in first.train.model_dump().items() if k not in rest}
+    assert third.model == first.model and third.data == first.data and third.objective == first.objective
 
 
 def test_init_from_another_objective_starts_a_new_schedule_from_its_weights(tmp_path: Path):

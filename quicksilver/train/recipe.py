@@ -143,14 +143,42 @@ class Recipe(_Strict):
 
     @classmethod
     def load(cls, path: str | Path) -> Recipe:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: recipe not found")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML ({exc})") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_recipe_data(Path(path)), source=str(path))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` on top of ``base``: mappings merge key by key, anything else (lists included) is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_recipe_data(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file as a mapping, with ``base: OTHER.yaml`` (relative to the file) resolved first.
+
+    Why: a training round usually changes two or three keys of the last one; naming the base keeps a round's
+    recipe to its changes instead of a copy of everything."""
+    if not path.is_file():
+        where = f" (base of {_chain[-1]})" if _chain else ""
+        raise FileNotFoundError(f"{path}: recipe not found{where}")
+    if path.resolve() in _chain:
+        raise ValueError(f"{path}: recipe bases form a cycle")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ValueError(f"{path}: base: expected a recipe path, got {base!r}")
+    return _merge(read_recipe_data(path.parent / base, (*_chain, path.resolve())), data)
