@@ -131,6 +131,15 @@ def test_a_recipe_names_its_base_and_states_only_its_changes(tmp_path: Path):
     assert third.model == first.model and third.data == first.data and third.objective == first.objective
 
 
+def test_every_recipe_in_the_package_loads():
+    """The shipped recipes and every experiment's (bases resolved) validate: the commands in their headers run."""
+    folder = Path(__file__).resolve().parent.parent / "quicksilver" / "recipes"
+    paths = sorted(folder.rglob("*.yaml"))
+    assert len(paths) > 40
+    names = [Recipe.load(p).name for p in paths]
+    assert len(set(names)) == len(names)  # a round that forgot to rename itself would overwrite its base's run
+
+
 def test_init_from_another_objective_starts_a_new_schedule_from_its_weights(tmp_path: Path):
     """AR -> block diffusion (token shift): the weights carry over; step, schedule and counts start at 0."""
     ar = train(toy_recipe("ar", max_steps=5), TrainOptions(run_dir=tmp_path / "ar", progress=False))
