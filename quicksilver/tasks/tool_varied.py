@@ -115,7 +115,10 @@ def _made_up(rng: random.Random) -> bool:
 def _make_args(rng: random.Random, tool: str) -> dict[str, Any]:
     """Arguments in schema order; about half of the free strings are made up."""
     city = _name(rng) if _made_up(rng) else rng.choice(CITIES)
-    time = f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"
+    # hours 00-09 most often (session 36): " 0"+"8" in a request is one token "08" in the JSON, so those hours are
+    # the ones that cannot be copied token for token (6 of 12 right on held-out tool_call prompts, 43 of 43 later)
+    hour = rng.randint(0, 9) if rng.random() < 0.6 else rng.randint(10, 23)
+    time = f"{hour:02d}:{rng.randint(0, 59):02d}"
     if tool == "get_weather":
         return {"city": city, **({"unit": rng.choice(("celsius", "fahrenheit"))} if rng.random() < 0.3 else {})}
     if tool == "convert_currency":
