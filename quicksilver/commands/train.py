@@ -5,6 +5,9 @@
     quicksilver train export RUN_DIR -o MODEL_DIR [--checkpoint FILE]
 
 Data-parallel: ``torchrun --nproc-per-node 2 -m quicksilver.cli train RECIPE.yaml``.
+
+A recipe may start with ``base: OTHER.yaml`` (a path relative to it) and give only what it changes: mappings
+merge key by key, lists and values replace the base's (``quicksilver/recipes/experiments/short36-default.yaml``).
 """
 
 from __future__ import annotations
