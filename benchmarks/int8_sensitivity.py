@@ -1,13 +1,16 @@
 """Where does int8 change a model's answers? (docs/performance.md section 22)
 
-    OMP_NUM_THREADS=1 python benchmarks/int8_sensitivity.py [--model default] [--n 30] [--alpha 0.5]
+    OMP_NUM_THREADS=1 python benchmarks/int8_sensitivity.py [--model default] [--n 30] [--alpha 0.5] [--seed S]
+        [--variants int8,down,int8mix,...]
 
 Decodes the held-out suite's first N prompts per task with the model in fp32 and in int8 variants that keep one
 group of linear layers in float32 (every MLP down projection, every attention output projection, the first layer,
 the last layer, the output head), or that first migrate activation outliers into the weights (SmoothQuant: each
 input channel j of a product is divided by s_j = max|x_j|^alpha / max|w_j|^(1-alpha) and its weight column
 multiplied by it, folded into the RMSNorm before it or, for the down projection, into the up projection, so the
-float model computes the same thing). Prints, per variant, the answers right and the outputs identical to fp32's.
+float model computes the same thing), and the served precisions bf16 and int8mix (int8 with the down projections
+weight-only int8, :mod:`quicksilver.variants`). ``--seed`` draws other held-out prompts than the suite's. Prints,
+per variant, the answers right and the outputs identical to fp32's.
 Accuracy only: the variants' speed is not measured here (see ``benchmarks/microbench.py linear``).
 """
 
@@ -23,13 +26,14 @@ import torch
 from torch import nn
 
 from quicksilver.checkpoint import LoadedModel
-from quicksilver.evaluate import evaluate
+from quicksilver.evaluate import EVAL_SEED, evaluate
 from quicksilver.loading import load_model
 from quicksilver.model import CopyHead, MoE
 from quicksilver.tasks import TASKS
-from quicksilver.variants import Int8Linear, stack_projections
+from quicksilver.variants import Int8Linear, as_variant, stack_projections
 
 Keep = Callable[[str], bool]  # a linear layer's qualified name -> stays float32
+VARIANT_KEYS = ("int8", "down", "o_proj", "first", "last", "head", "smooth", "int8mix", "bf16")
 
 
 def calibration_rows(loaded: LoadedModel, count: int = 48, max_len: int = 512) -> list[list[int]]:
@@ -110,31 +114,44 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--n", type=int, default=30, help="held-out prompts per suite task")
     ap.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
+    ap.add_argument("--seed", type=int, default=EVAL_SEED, help="held-out prompts' seed (default: the suite's)")
+    ap.add_argument("--variants", default=",".join(VARIANT_KEYS), help=f"comma-separated, of {', '.join(VARIANT_KEYS)}")
     args = ap.parse_args()
+    chosen = args.variants.split(",")
+    if unknown := sorted(set(chosen) - set(VARIANT_KEYS)):
+        ap.error(f"unknown variant(s) {', '.join(unknown)} (known: {', '.join(VARIANT_KEYS)})")
     base = load_model(args.model, precision="fp32")
     last = f"layers.{len(base.model.layers) - 1}."
-    variants: dict[str, tuple[Keep, bool]] = {
-        "int8 (every linear layer)": (lambda n: False, False),
-        "int8, down projections float": (lambda n: n.endswith("down_proj"), False),
-        "int8, attention outputs float": (lambda n: n.endswith("o_proj"), False),
-        "int8, first layer float": (lambda n: n.startswith("layers.0."), False),
-        "int8, last layer float": (lambda n: n.startswith(last), False),
-        "int8, output head float": (lambda n: n == "lm_head", False),
-        f"int8 after SmoothQuant (alpha {args.alpha})": (lambda n: False, True),
+    stats = input_absmax(base.model, calibration_rows(base)) if "smooth" in chosen else None
+    int8_variants: dict[str, tuple[str, Keep, bool]] = {  # key -> (label, stays float32, SmoothQuant first)
+        "int8": ("int8 (every linear layer)", lambda n: False, False),
+        "down": ("int8, down projections float", lambda n: n.endswith("down_proj"), False),
+        "o_proj": ("int8, attention outputs float", lambda n: n.endswith("o_proj"), False),
+        "first": ("int8, first layer float", lambda n: n.startswith("layers.0."), False),
+        "last": ("int8, last layer float", lambda n: n.startswith(last), False),
+        "head": ("int8, output head float", lambda n: n == "lm_head", False),
+        "smooth": (f"int8 after SmoothQuant (alpha {args.alpha})", lambda n: False, True),
     }
-    stats = input_absmax(base.model, calibration_rows(base))
-    reference = evaluate(base, n=args.n, keep_outputs=True)
+    served = {"int8mix": "int8mix (down projections weight-only int8)", "bf16": "bf16"}
+
+    def build(key: str) -> tuple[str, nn.Module]:
+        if key in served:
+            return served[key], as_variant(base.model, key)
+        label, keep, smoothed = int8_variants[key]
+        return label, int8_model(base.model, keep, stats if smoothed else None, args.alpha)
+
+    reference = evaluate(base, n=args.n, seed=args.seed, keep_outputs=True)
 
     def outputs(report: dict) -> dict[tuple[str, int], str]:
         return {(t, o["index"]): o["output"] for t, m in report["tasks"].items() for o in m["outputs"]}
 
     ref = outputs(reference)
-    print(f"{base.name}: {args.n} held-out prompts per suite task ({len(ref)} in all)")
+    print(f"{base.name}: {args.n} held-out prompts per suite task ({len(ref)} in all), seed {args.seed}")
     print(f"{'variant':45s} {'right':>7s} {'same output as fp32':>20s}")
     print(f"{'fp32':45s} {reference['overall']['correct']:7d} {len(ref):20d}", flush=True)
-    for name, (keep, smoothed) in variants.items():
-        model = int8_model(base.model, keep, stats if smoothed else None, args.alpha)
-        report = evaluate(dataclasses.replace(base, model=model), n=args.n, keep_outputs=True)
+    for key in chosen:
+        name, model = build(key)
+        report = evaluate(dataclasses.replace(base, model=model), n=args.n, seed=args.seed, keep_outputs=True)
         got = outputs(report)
         same = sum(got[k] == ref[k] for k in ref)
         print(f"{name:45s} {report['overall']['correct']:7d} {same:20d}", flush=True)

@@ -50,7 +50,7 @@ def load_model(
     compile: bool = False,
 ) -> LoadedModel:
     """Load our layout directly; hand other Hugging Face folders to the matching family adapter. ``precision``
-    ("bf16", "fp32", "int8" or "int8w": :mod:`quicksilver.variants`) converts the loaded weights in place;
+    ("bf16", "fp32", "int8", "int8w" or "int8mix": :mod:`quicksilver.variants`) converts the loaded weights in place;
     ``device`` ("cpu", the default, or "cuda"; :mod:`quicksilver.devices`) is where the model runs; ``compile``
     compiles its layers for decoding (:func:`quicksilver.variants.compile_layers`, CPU only), graphs built now."""
     if precision is not None and precision not in PRECISIONS:

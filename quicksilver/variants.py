@@ -16,6 +16,11 @@ is slower than int8 (``python benchmarks/microbench.py linear``), which matters 
 the AR twin's single stream, not the block decoder. Layers whose input size is not a multiple of 16 stay bf16: the
 kernel is only right for those.
 
+int8mix is int8 with each MLP's down projection (the product after SwiGLU, whose inputs have the widest spread)
+in int8w: weights in int8, inputs unquantised. One scale per input row loses the most there: with those layers
+int8w, about as many of the default's outputs match fp32's as bf16's do (docs/performance.md section 24), at close
+to int8's speed for a decode step's rows.
+
 Compiling (:func:`compile_layers`) fuses the elementwise work around each layer's matrix products with
 ``torch.compile``; the per-sequence attention stays eager, so one set of graphs serves any batch.
 """
@@ -39,18 +44,18 @@ from quicksilver.model import (
     split_attention_outputs,
 )
 
-PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8", "int8w")  # what a served model may run in
+PRECISIONS: tuple[str, ...] = ("bf16", "fp32", "int8", "int8w", "int8mix")  # what a served model may run in
 COMPILED = "+compile"  # suffix of a variant whose layers are compiled (compile_layers)
 VARIANTS: tuple[str, ...] = (*PRECISIONS, *(p + COMPILED for p in PRECISIONS))  # what the benchmark measures
-QUANTISED: tuple[str, ...] = ("int8", "int8w")  # serving-only conversions: never saved as a model folder
+QUANTISED: tuple[str, ...] = ("int8", "int8w", "int8mix")  # serving-only conversions: never saved as a model folder
 
 
 def precision_of(model: Transformer) -> str:
     """The precision a loaded model runs in, named as ``--precision`` names it (another dtype: its torch name)."""
-    if any(isinstance(m, Int8Linear) for m in model.modules()):
-        return "int8"
-    if any(isinstance(m, Int8WeightLinear) for m in model.modules()):
-        return "int8w"
+    int8 = any(isinstance(m, Int8Linear) for m in model.modules())
+    int8w = any(isinstance(m, Int8WeightLinear) for m in model.modules())
+    if int8 or int8w:
+        return "int8mix" if int8 and int8w else "int8" if int8 else "int8w"
     return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
 
 
@@ -66,8 +71,9 @@ def variant_of(model: Transformer) -> str:
 
 def as_variant(model: Transformer, variant: str, copy: bool = True) -> Transformer:
     """``model`` in ``variant`` (a copy unless ``copy`` is False): "bf16", "fp32", "int8" (every linear layer an
-    :class:`Int8Linear`; embeddings, norms and attention stay float32) or "int8w" (every linear layer an
-    :class:`Int8WeightLinear`, the rest bf16); with the suffix "+compile" its layers are then compiled
+    :class:`Int8Linear`; embeddings, norms and attention stay float32), "int8w" (every linear layer an
+    :class:`Int8WeightLinear`, the rest bf16) or "int8mix" (int8, but the MLP down projections int8w); with the
+    suffix "+compile" its layers are then compiled
     (:func:`compile_layers`)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown model variant {variant!r} (known: {', '.join(VARIANTS)})")
@@ -87,7 +93,6 @@ def _to_precision(model: Transformer, precision: str) -> Transformer:
     float_model = model.to(torch.bfloat16 if precision == "int8w" else torch.float32).eval()
     if precision == "fp32":
         return float_model
-    quantised = Int8WeightLinear if precision == "int8w" else Int8Linear
     stack_projections(float_model)
     for module in list(float_model.modules()):
         for name, child in list(module.named_children()):
@@ -95,9 +100,12 @@ def _to_precision(model: Transformer, precision: str) -> Transformer:
             # so does a copy head (two tiny products per step, whose gate decides between copying and the vocabulary)
             if isinstance(child, nn.Linear) and not (isinstance(module, MoE) and name == "gate") \
                     and not isinstance(module, CopyHead):
-                if quantised is Int8WeightLinear and not Int8WeightLinear.supports(child):
-                    continue  # the fused kernel is wrong for such shapes: this layer stays bf16
-                setattr(module, name, quantised(child))
+                weight_only = precision == "int8w" or (
+                    precision == "int8mix" and isinstance(module, SwiGLU) and name == "down_proj")
+                if weight_only and Int8WeightLinear.supports(child):
+                    setattr(module, name, Int8WeightLinear(child))
+                elif precision != "int8w":  # int8w: the fused kernel is wrong for such shapes, the layer stays bf16
+                    setattr(module, name, Int8Linear(child))
     return float_model
 
 
@@ -266,8 +274,9 @@ INT8W_ALIGN = 16  # torch._weight_int8pack_mm gives wrong results (or crashes) f
 
 
 class Int8WeightLinear(nn.Module):
-    """A linear layer with int8 weights (one scale per output row) and bf16 inputs and outputs: one fused kernel
-    per call. Each output row depends only on its input row."""
+    """A linear layer with int8 weights (one scale per output row) and bf16 inputs: one fused kernel per call. The
+    output has the input's dtype (bf16 in an int8w model, float32 in int8mix). Each output row depends only on
+    its input row."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -289,7 +298,7 @@ class Int8WeightLinear(nn.Module):
         y = torch._weight_int8pack_mm(rows, self.weight_int8, self.weight_scale)
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"

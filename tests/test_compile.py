@@ -17,8 +17,8 @@ from tests.exact_cache_cases import KINDS, SYSTEM, peaked
 PROMPTS = ("hello", "def add(a, b):", SYSTEM + "The quick brown fox")
 
 
-# (cache kind, precision): the default's case, and the twin's in both of its int8 precisions
-CASES = [("speculative", "int8"), ("causal", "int8"), ("causal", "int8w")]
+# (cache kind, precision): the default's cases, and the twin's in both of its int8 precisions
+CASES = [("speculative", "int8"), ("speculative", "int8mix"), ("causal", "int8"), ("causal", "int8w")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])

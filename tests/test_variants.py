@@ -83,6 +83,29 @@ def test_int8w_keeps_int8_weights_and_decodes_like_the_float_model():
         assert Decoder(w8, tiny_tokenizer()).generate(prompt, params).token_ids == want
 
 
+def test_int8mix_keeps_down_projections_weight_only_and_decodes_like_fp32():
+    """int8 but for each MLP's down projection, which keeps its inputs unquantised (int8w); float32 in and out, so
+    the residual stream stays float32 as in int8, and a confident model's greedy answers are unchanged."""
+    model = peaked("block_causal", token_shift=True, causal_context=True)
+    mix = as_variant(model, "int8mix")
+    assert precision_of(mix) == "int8mix" and mix.dtype == torch.float32
+    assert all(isinstance(layer.mlp.down_proj, Int8WeightLinear) for layer in mix.layers)
+    assert all(isinstance(layer.mlp.gate_up_proj, Int8Linear) for layer in mix.layers)
+    assert sum(isinstance(m, Int8WeightLinear) for m in mix.modules()) == len(model.layers)
+    ids = torch.tensor(tiny_tokenizer().encode("The quick brown fox"))
+    with torch.inference_mode():
+        ref, _ = model.forward_packed(ids, torch.arange(len(ids)), [len(ids)], [None], [None])
+        out, _ = mix.forward_packed(ids, torch.arange(len(ids)), [len(ids)], [None], [None])
+    assert out.dtype == torch.float32 and 0 < (out - ref).abs().max() < 0.05 * ref.abs().max()
+    params = SamplingParams(max_tokens=12, ignore_eos=True, policy="self_speculative")
+    for prompt in ("hello", "def add(a, b):", "The quick brown fox"):
+        want = Decoder(model, tiny_tokenizer()).generate(prompt, params).token_ids
+        assert Decoder(mix, tiny_tokenizer()).generate(prompt, params).token_ids == want
+    for variant in ("int8", "int8mix"):
+        with pytest.raises(ValueError, match="already in int8mix"):
+            as_variant(mix, variant)
+
+
 @pytest.mark.parametrize("precision", ["int8", "int8w"])
 def test_stacked_projections_compute_exactly_what_the_separate_layers_did(precision: str):
     """Quantised per output row, one layer over q/k/v's stacked rows (and gate/up's) gives the same numbers as the
@@ -131,7 +154,7 @@ def test_a_quantised_model_is_not_saved_as_a_model_folder(tmp_path):
     from quicksilver.checkpoint import save_pretrained
 
     model = tiny_model("causal")
-    for variant in ("int8", "int8w"):
+    for variant in ("int8", "int8w", "int8mix"):
         with pytest.raises(ValueError, match=f"converted to {variant}"):
             save_pretrained(tmp_path / variant, as_variant(model, variant), tiny_tokenizer())
         assert not (tmp_path / variant).exists()
@@ -152,8 +175,9 @@ def test_load_model_converts_in_place_and_refuses_unknown_precisions(model_dir):
     assert loaded.model.dtype == torch.float32  # activations, norms and keys stay float32
     assert load_model(str(model_dir), precision="fp32").model.dtype == torch.float32
     assert load_model(str(model_dir)).model.dtype == torch.bfloat16  # as saved
-    assert [precision_of(load_model(str(model_dir), precision=p).model) for p in ("int8", "int8w", "fp32", None)] == [
-        "int8", "int8w", "fp32", "bf16"]
+    precisions = ("int8", "int8w", "int8mix", "fp32", None)
+    assert [precision_of(load_model(str(model_dir), precision=p).model) for p in precisions] == [
+        "int8", "int8w", "int8mix", "fp32", "bf16"]
     with pytest.raises(ValueError, match="unknown precision"):
         load_model(str(model_dir), precision="int4")
 

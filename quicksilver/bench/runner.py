@@ -34,7 +34,7 @@ ONE_ROW_VARIANTS = ("int8w", "int8w+compile")
 
 
 # extra rows measured by default on the CPU: each model gets every one that applies to it (ONE_ROW_VARIANTS)
-DEFAULT_CPU_VARIANTS = ("int8", "int8w", "int8+compile", "int8w+compile")
+DEFAULT_CPU_VARIANTS = ("int8", "int8mix", "int8w", "int8+compile", "int8mix+compile", "int8w+compile")
 
 
 @dataclass

@@ -11,8 +11,9 @@ from quicksilver.variants import PRECISIONS
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
     p.add_argument("--precision", choices=PRECISIONS,
-                   help="run the model in bf16, fp32, int8 (int8 linear layers, one scale per row) or int8w (int8 "
-                        "weights, bf16 inputs: fastest for one-token AR steps); default: as saved")
+                   help="run the model in bf16, fp32, int8 (int8 linear layers, one scale per row) int8w (int8 "
+                        "weights, bf16 inputs: fastest for one-token AR steps) or int8mix (int8, the MLP down "
+                        "projections int8w: closer to the float model's answers); default: as saved")
     p.add_argument("--device", help="where the model runs: cpu (default) or cuda[:N]; int8 precisions are CPU-only")
     p.add_argument("--compile", action="store_true",
                    help="compile the model's layers with torch.compile (CPU only). With --precision int8 the block "

@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-task", type=int, help="held-out prompts per task (default 2; --quick 1)")
     p.add_argument("--variants", default=None,
                    help="extra rows per model besides its fastest of bf16/fp32: comma-separated precisions "
-                        "(bf16, fp32, int8, int8w), each optionally with +compile (layers compiled, graphs built "
-                        "before timing). Default int8,int8w,int8+compile,int8w+compile; int8w rows for the AR "
+                        "(bf16, fp32, int8, int8w, int8mix), each optionally with +compile (layers compiled, graphs "
+                        "built before timing). Default int8,int8mix,int8w and each +compile; int8w rows for the AR "
                         "model only; 'none' for no extra rows; off the CPU only bf16 and fp32 apply, default none")
     p.add_argument("--threads", type=int, help="intra-op threads (default: the faster of 1 and 2, measured)")
     p.add_argument("--device", default="cpu",
