@@ -13,6 +13,8 @@ machine's load (shared cores) hits every alternative alike. Shapes are those of 
               precision), plus the compile and warm-up time
   profile     torch profiler table of one block forward (--variant bf16|fp32|int8|int8w): where the time goes
   backends    SDPA default (flash) kernel vs the math kernel the engine forces for batch invariance
+  precisions  one whole forward in bf16 / int8 / int8mix (int8, the down projections weight-only) / int8w
+              for 32, 64 and 256 rows (a decode step's rows and a prompt's)
 """
 
 # ruff: noqa: B023  (the lambdas are timed immediately, inside the loop that binds their variables)
@@ -129,6 +131,23 @@ def compiled(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: i
               timed({"eager": step(eager, "eager"), "compiled": step(compiled_model, "compiled")}, 100))
 
 
+def precisions(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int) -> None:
+    from quicksilver.config import ModelConfig
+    from quicksilver.model import Transformer
+    from quicksilver.variants import as_variant
+
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, intermediate_size=inter, block_size=32, mask_token_id=3)
+    torch.manual_seed(0)
+    base = Transformer(cfg).eval()
+    models = {v: as_variant(base, v) for v in ("bf16", "int8", "int8mix", "int8w")}
+    for rows in (32, 64, 256):
+        ids = torch.randint(4, vocab, (1, rows))
+        with torch.inference_mode():
+            print(f"forward over {rows} rows", timed({v: lambda m=m: m.forward_outputs(ids) for v, m in models.items()},
+                                                      100))
+
+
 def _block_case(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, variant: str):
     from quicksilver.config import ModelConfig
     from quicksilver.model import Transformer, attention_mask
@@ -190,8 +209,9 @@ def backends(heads: int, kv: int, head_dim: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("experiment", choices=("linear", "fused", "attention", "compile", "profile", "backends"))
-    ap.add_argument("--variant", default="bf16", choices=("bf16", "fp32", "int8", "int8w"))
+    ap.add_argument("experiment",
+                    choices=("linear", "fused", "attention", "compile", "profile", "backends", "precisions"))
+    ap.add_argument("--variant", default="bf16", choices=("bf16", "fp32", "int8", "int8w", "int8mix"))
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
@@ -212,6 +232,8 @@ def main() -> None:
         profile(a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab, a.variant)
     elif a.experiment == "backends":
         backends(a.heads, a.kv_heads, head_dim)
+    elif a.experiment == "precisions":
+        precisions(a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab)
     else:
         compiled(a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab, a.variant)
 
