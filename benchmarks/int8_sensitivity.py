@@ -28,9 +28,8 @@ from torch import nn
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.evaluate import EVAL_SEED, evaluate
 from quicksilver.loading import load_model
-from quicksilver.model import CopyHead, MoE
 from quicksilver.tasks import TASKS
-from quicksilver.variants import Int8Linear, as_variant, stack_projections
+from quicksilver.variants import Int8Linear, as_variant, quantise_linears, stack_projections
 
 Keep = Callable[[str], bool]  # a linear layer's qualified name -> stays float32
 VARIANT_KEYS = ("int8", "down", "o_proj", "first", "last", "head", "smooth", "int8mix", "bf16")
@@ -96,16 +95,8 @@ def int8_model(base: nn.Module, keep: Keep, stats: dict[str, torch.Tensor] | Non
     model = copy.deepcopy(base).float().eval()
     if stats is not None:
         smooth(model, stats, alpha)
-    names = {id(m): n for n, m in model.named_modules()}
     stack_projections(model)
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            # as in quicksilver.variants: a copy head and a mixture-of-experts router stay float in every variant
-            if isinstance(child, nn.Linear) and not isinstance(module, CopyHead) \
-                    and not (isinstance(module, MoE) and name == "gate"):
-                qualified = f"{names.get(id(module), '?')}.{name}".lstrip(".")
-                if not keep(qualified):
-                    setattr(module, name, Int8Linear(child))
+    quantise_linears(model, lambda qualified, _parent, _layer: None if keep(qualified) else Int8Linear)
     return model
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy as copy_module
 import functools
 import types
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -94,19 +95,31 @@ def _to_precision(model: Transformer, precision: str) -> Transformer:
     if precision == "fp32":
         return float_model
     stack_projections(float_model)
-    for module in list(float_model.modules()):
-        for name, child in list(module.named_children()):
-            # a mixture-of-experts router stays float: it reads its weight directly, and its choices are discrete;
-            # so does a copy head (two tiny products per step, whose gate decides between copying and the vocabulary)
-            if isinstance(child, nn.Linear) and not (isinstance(module, MoE) and name == "gate") \
-                    and not isinstance(module, CopyHead):
-                weight_only = precision == "int8w" or (
-                    precision == "int8mix" and isinstance(module, SwiGLU) and name == "down_proj")
-                if weight_only and Int8WeightLinear.supports(child):
-                    setattr(module, name, Int8WeightLinear(child))
-                elif precision != "int8w":  # int8w: the fused kernel is wrong for such shapes, the layer stays bf16
-                    setattr(module, name, Int8Linear(child))
+
+    def choose(_qualified: str, parent: nn.Module, layer: nn.Linear) -> type[nn.Module] | None:
+        weight_only = precision == "int8w" or (
+            precision == "int8mix" and isinstance(parent, SwiGLU) and layer is parent.down_proj)
+        if weight_only and Int8WeightLinear.supports(layer):
+            return Int8WeightLinear
+        return None if precision == "int8w" else Int8Linear  # int8w: the kernel is wrong for such shapes, keep bf16
+
+    quantise_linears(float_model, choose)
     return float_model
+
+
+def quantise_linears(model: nn.Module, choose: Callable[[str, nn.Module, nn.Linear], type[nn.Module] | None]) -> None:
+    """Replace ``model``'s linear layers in place: ``choose(qualified name, parent, layer)`` names the class to build
+    from each (:class:`Int8Linear`, :class:`Int8WeightLinear`), or None to keep it. A mixture-of-experts router always
+    stays float: it reads its weight directly, and its choices are discrete; so does a copy head (two tiny products
+    per step, whose gate decides between copying and the vocabulary)."""
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear) or isinstance(parent, CopyHead) \
+                    or (isinstance(parent, MoE) and name == "gate"):
+                continue
+            quantised = choose(f"{parent_name}.{name}".lstrip("."), parent, child)
+            if quantised is not None:
+                setattr(parent, name, quantised(child))
 
 
 def stack_projections(model: Transformer) -> None:

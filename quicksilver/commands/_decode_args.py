@@ -11,7 +11,7 @@ from quicksilver.variants import PRECISIONS
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model folder or shipped model name (default: the shipped default model)")
     p.add_argument("--precision", choices=PRECISIONS,
-                   help="run the model in bf16, fp32, int8 (int8 linear layers, one scale per row) int8w (int8 "
+                   help="run the model in bf16, fp32, int8 (int8 linear layers, one scale per row), int8w (int8 "
                         "weights, bf16 inputs: fastest for one-token AR steps) or int8mix (int8, the MLP down "
                         "projections int8w: closer to the float model's answers); default: as saved")
     p.add_argument("--device", help="where the model runs: cpu (default) or cuda[:N]; int8 precisions are CPU-only")
