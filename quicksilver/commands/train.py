@@ -3,6 +3,7 @@
     quicksilver train RECIPE.yaml [--run-dir DIR] [--resume | --init-from MODEL_DIR [--new-schedule]] [--max-steps N]
     quicksilver train plot LOG.jsonl [LOG.jsonl ...] -o loss.png
     quicksilver train export RUN_DIR -o MODEL_DIR [--checkpoint FILE]
+    quicksilver train average MODEL_DIR MODEL_DIR [...] -o MODEL_DIR [--weights 1,1]
 
 Data-parallel: ``torchrun --nproc-per-node 2 -m quicksilver.cli train RECIPE.yaml``.
 
@@ -15,15 +16,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-ACTIONS = ("plot", "export")
+ACTIONS = ("plot", "export", "average")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "train", help="train a model from a recipe (or: train plot LOGS -o PNG, train export RUN -o DIR)",
+        "train", help="train a model from a recipe (or: train plot LOGS -o PNG, train export RUN -o DIR, "
+             "train average DIRS -o DIR)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("target", nargs="+", metavar="RECIPE | plot LOG... | export RUN_DIR")
+    p.add_argument("target", nargs="+", metavar="RECIPE | plot LOG... | export RUN_DIR | average MODEL_DIR...")
     p.add_argument("--run-dir", type=Path, help="run folder (default runs/<recipe name>)")
     p.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     p.add_argument("--init-from", type=Path, help="warm start from a model folder (e.g. quicksilver/models/default)")
@@ -43,9 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "accelerator that trains faster than one core renders them). Default 0: inline")
     p.add_argument("--tokenizer", type=Path, help="shared tokenizer folder (built there when missing)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
-    p.add_argument("-o", "--output", type=Path, help="plot: PNG file; export: model folder")
+    p.add_argument("-o", "--output", type=Path, help="plot: PNG file; export, average: model folder")
     p.add_argument("--checkpoint", type=Path, help="export: this checkpoint instead of the latest")
     p.add_argument("--label", action="append", help="plot: curve label (repeat, in log order)")
+    p.add_argument("--weights", help="average: comma-separated weight per folder (default: equal)")
     p.set_defaults(func=run)
 
 
@@ -64,6 +67,19 @@ def run(args: argparse.Namespace) -> int:
         if len(rest) != 1 or args.output is None:
             raise ValueError("usage: quicksilver train export RUN_DIR -o MODEL_DIR")
         print(export_checkpoint(Path(rest[0]), args.output, args.checkpoint))
+        return 0
+    if action == "average":
+        from quicksilver.train.average import average_models
+
+        if len(rest) < 2 or args.output is None:
+            raise ValueError("usage: quicksilver train average MODEL_DIR MODEL_DIR [...] -o MODEL_DIR")
+        weights = None
+        if args.weights is not None:
+            try:
+                weights = [float(w) for w in args.weights.split(",")]
+            except ValueError:
+                raise ValueError(f"--weights: expected numbers separated by commas, got {args.weights!r}") from None
+        print(average_models(rest, args.output, weights))
         return 0
     if rest:
         raise ValueError(f"expected one recipe, got {len(args.target)} arguments")
