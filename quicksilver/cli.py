@@ -31,8 +31,15 @@ def main(argv: list[str] | None = None) -> int:
         print(file=sys.stderr)
         return 130
     except (ValueError, OSError, LookupError) as exc:  # user errors: one line, no traceback
-        print(f"quicksilver {args.command}: error: {exc}", file=sys.stderr)
+        print(f"quicksilver {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+
+
+def one_line(message: str) -> str:
+    """A message that spans lines (e.g. a YAML parser's, with the offending source line and a caret under it)
+    as one line: lines stripped and joined, caret-only lines dropped."""
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line and line.strip("^ ") != "")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,8 @@ class SamplingParams:
             raise ValueError("steps_per_block must be >= 1")
         if isinstance(self.stop, str):  # tolerate a single string
             object.__setattr__(self, "stop", (self.stop,))
+        if any(not s for s in self.stop):  # "" would match at once and end every answer empty
+            raise ValueError("stop strings must be non-empty")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2]")

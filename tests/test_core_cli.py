@@ -79,6 +79,13 @@ def test_chat_json_and_tool_answers_are_valid(model_dir, tmp_path):
         (["serve", "--model", "MODEL", "--prefix-cache-mb", "-1"], "prefix cache size must be a number of MB >= 0"),
         (["serve", "--model", "MODEL", "--prefix-cache-mb", "inf"], "prefix cache size must be a number of MB >= 0"),
         (["serve", "--model", "MODEL", "--prefill-chunk", "-5"], "--prefill-chunk must be >= 0"),
+        (["serve", "--model", "MODEL", "--index", "NOTJSON"], "not a quicksilver index"),
+        (["generate", "--model", "MODEL", "x", "--stop", ""], "stop strings must be non-empty"),
+        (["eval", "--model", "MODEL", "--tasks", ","], "--tasks names no task"),
+        (["eval", "--model", "MODEL", "--max-tokens", "0"], "--max-tokens must be >= 1"),
+        (["data", "show", "--n", "0"], "--n must be >= 1"),
+        (["agent", "x", "--python-timeout", "-1"], "--python-timeout must be > 0"),
+        (["train", "BADYAML"], "not valid YAML"),  # the parser's multi-line message, on one line
     ],
 )
 def test_bad_input_is_one_line_error_not_traceback(model_dir, tmp_path, args, message):
@@ -86,9 +93,28 @@ def test_bad_input_is_one_line_error_not_traceback(model_dir, tmp_path, args, me
     (tmp_path / "schema.json").write_text('{"type": "object"}')
     bad_tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]
     (tmp_path / "bad_tool.json").write_text(json.dumps(bad_tool))
+    (tmp_path / "bad.yaml").write_text("name: x\nmodel: [1,\n")
     files = {"MODEL": str(model_dir), "NOTJSON": str(tmp_path / "bad.json"), "SCHEMA": str(tmp_path / "schema.json"),
-             "BADTOOL": str(tmp_path / "bad_tool.json")}
+             "BADTOOL": str(tmp_path / "bad_tool.json"), "BADYAML": str(tmp_path / "bad.yaml")}
     out = cli(*[files.get(a, a) for a in args])
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_agent_unreachable_server_is_one_line_error():
+    from quicksilver.agent.local_server import free_port
+
+    out = cli("agent", "x", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--model", "m")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("quicksilver agent: error: cannot reach the server at")
+
+
+def test_multi_line_messages_become_one_line():
+    from quicksilver.cli import one_line
+
+    yaml_error = 'r.yaml: not valid YAML (while parsing\n  in "<unicode string>", line 1, column 6:\n    a: [1,\n' \
+                 '         ^\nexpected \',\')'
+    assert one_line(yaml_error) == 'r.yaml: not valid YAML (while parsing in "<unicode string>", line 1, column 6: ' \
+                                   "a: [1, expected ',')"
+    assert one_line("plain message") == "plain message"

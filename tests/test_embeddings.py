@@ -93,6 +93,8 @@ def test_endpoint_base64_and_single_string_and_token_ids(client, embedder):
         ({"input": "x", "model": MODEL_NAME, "dimensions": 128}, 400, "dimensions"),
         ({"input": [[1, 2], [99999999]], "model": MODEL_NAME}, 400, "input"),
         ({"input": [{"a": 1}], "model": MODEL_NAME}, 400, "input"),
+        ({"input": [True, False], "model": MODEL_NAME}, 400, "input"),  # not token ids (were read as 1, 0)
+        ({"input": [[101, 2.0]], "model": MODEL_NAME}, 400, "input"),
     ],
 )
 def test_endpoint_errors_use_openai_envelope(client, body, status, param):
@@ -106,3 +108,13 @@ def test_endpoint_errors_use_openai_envelope(client, body, status, param):
 def test_endpoint_rejects_non_json(client):
     r = client.post("/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_endpoint_rejects_lone_surrogates(client):
+    """A JSON "\\ud800" escape without its pair is not text a tokenizer can read: a 400 naming the input, not a 500."""
+    r = client.post("/v1/embeddings", content=f'{{"model": "{MODEL_NAME}", "input": ["ok", "a\\ud800"]}}'.encode(),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "input[1]" and "Unicode" in err["message"]
+    assert client.post("/v1/embeddings", json={"model": MODEL_NAME, "input": "ok \U0001f600"}).status_code == 200

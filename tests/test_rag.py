@@ -312,3 +312,20 @@ def test_pdf_reader(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pypdf", None)  # as if pypdf were not installed
     with pytest.raises(ReaderError, match="pip install pypdf"):
         read_document(pdf)
+
+
+def test_index_cli_missing_folder_and_empty_index(tmp_path, capsys):
+    """An index path in a folder that does not exist, and searching or asking an index with no documents: one-line
+    errors and exit 2 (the first was a sqlite3 traceback, the others printed "0 hits" / answered without passages)."""
+    assert cli(["index", "--index", str(tmp_path / "no" / "such" / "x.sqlite"), "add", str(DOCS)]) == 2
+    assert "no such folder for the index x.sqlite" in capsys.readouterr().err
+    assert cli(["index", "--index", str(tmp_path), "add", str(DOCS)]) == 2  # a folder given as the index file
+    assert "cannot open the index" in capsys.readouterr().err
+    empty = str(tmp_path / "empty.sqlite")
+    assert cli(["index", "--index", empty, "add", str(tmp_path / "nothing_here")]) == 2
+    Index(empty).close()  # a valid index with no documents
+    assert cli(["index", "--index", empty, "list"]) == 0 and "0 documents" in capsys.readouterr().out
+    assert cli(["index", "--index", empty, "search", "ferry"]) == 2
+    assert cli(["ask", "When does the ferry leave?", "--index", empty]) == 2  # before any model loads
+    err = capsys.readouterr().err
+    assert err.count("the index is empty") == 2 and "Traceback" not in err

@@ -659,3 +659,45 @@ def test_auto_tool_call_in_free_output_becomes_tool_calls(served):
     bad = result('<|tool_calls|>[{"name": "get_weather", "arguments": {"town": 1}}]')
     fin = plan.finish(bad)
     assert fin["tool_calls"] is None and fin["content"] == bad.text and fin["finish_reason"] == "stop"
+
+
+def test_bad_requests_are_400s_and_leave_the_server_working(served, client):
+    """Inputs that used to reach the tokenizer or the queue: each a 400 envelope naming its field, and a good
+    request still works after them."""
+    url, app = served
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    # a lone UTF-16 surrogate escape cannot be encoded: it used to be a TypeError in the tokenizer (500)
+    for route, raw, param in (
+        ("chat/completions", '{"model": "M", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+         "messages[0].content"),
+        ("chat/completions", '{"model": "M", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": '
+                             '"function", "function": {"name": "f", "description": "\\udc00"}}]}',
+         "tools[0].function.description"),
+        ("completions", '{"model": "M", "prompt": ["a", "b\\ud800"]}', "prompt[1]"),
+        ("completions", '{"model": "M", "prompt": "a", "suffix": "\\ud800"}', "suffix"),
+        ("completions", '{"model": "M", "prompt": "a", "x\\ud800": 1}', "x\\ud800"),  # in a key, escaped back
+    ):
+        r = httpx.post(f"{url}/v1/{route}", content=raw.replace('"M"', f'"{MODEL}"').encode(), headers=auth)
+        assert r.status_code == 400 and envelope(r)["param"] == param, (raw, r.text)
+    # booleans and floats are not token ids (true and 1.0 used to be read as id 1)
+    for prompt in ([True, False], [[1, 2.0]]):
+        r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": prompt}, headers=auth)
+        assert r.status_code == 400 and envelope(r)["param"] == "prompt", r.text
+    # an empty body names the problem (it used to say "missing required field None")
+    r = httpx.post(url + "/v1/chat/completions", content=b"", headers=auth)
+    assert r.status_code == 400 and envelope(r)["message"] == "the request body is empty; expected a JSON object"
+    # a legacy prompt longer than the context: the prompt's length is checked (not the (ids, echo) pair's)
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x" * 5000}, headers=auth)
+    err = envelope(r)
+    assert r.status_code == 400 and err["param"] == "prompt" and err["code"] == "context_length_exceeded"
+    context = engine_of(app).context_length
+    [x] = engine_of(app).tokenizer.encode("x")
+    near_full = client.completions.create(model=MODEL, prompt=[x] * (context - 3), max_tokens=None, temperature=0)
+    assert near_full.usage.completion_tokens <= 3  # without max_tokens the budget is what the context has left
+    # more completions than the server ever holds: a 400, not a 429 that no retry can satisfy
+    capacity = engine_of(app).max_batch + engine_of(app).max_queue
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": ["a"] * (capacity + 1), "max_tokens": 1},
+                   headers=auth)
+    assert r.status_code == 400 and envelope(r)["param"] == "prompt" and "Retry-After" not in r.headers
+    assert engine_of(app).load == 0  # nothing was queued
+    assert client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2).choices

@@ -13,7 +13,7 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 MAX_INPUTS = 2048
 MODEL_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "all-minilm", "minilm"}
@@ -24,7 +24,7 @@ router = APIRouter()
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # token ids: true or 1.0 is no id
     model: str
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
@@ -59,6 +59,12 @@ async def create_embeddings(request: Request) -> JSONResponse:
         return error(400, "the request body is not valid JSON")
     if not isinstance(body, dict):
         return error(400, "the request body must be a JSON object")
+    from quicksilver.api.protocol import ProtocolError, check_unicode
+
+    try:
+        check_unicode(body)
+    except ProtocolError as exc:
+        return error(400, str(exc), exc.param)
     try:
         req = EmbeddingRequest.model_validate(body)
     except ValidationError as exc:

@@ -13,13 +13,45 @@ import json
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 REASONING_EFFORTS = ("none", "minimal", "instant", "low", "medium", "high", "xhigh")
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """Where (``messages[0].content``) a string in parsed JSON holds a lone UTF-16 surrogate (a ``\\ud800``
+    escape without its pair): such text cannot be encoded as UTF-8, so no tokenizer can read it. None if none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = str(key).encode("utf-8", "backslashreplace").decode("utf-8")  # the path goes into the reply
+            here = f"{path}.{name}" if path else name
+            where = lone_surrogate_at(key, here) or lone_surrogate_at(item, here)
+            if where:
+                return where
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            where = lone_surrogate_at(item, f"{path}[{i}]")
+            if where:
+                return where
+    return None
+
+
+def check_unicode(body: Any) -> None:
+    """Raise ProtocolError (param = where) for text that is not valid Unicode."""
+    where = lone_surrogate_at(body)
+    if where is not None:
+        raise ProtocolError(f"{where}: the text is not valid Unicode (a lone UTF-16 surrogate escape such as "
+                            "\\ud800 without its pair)", where)
 
 
 class FunctionCall(Strict):
@@ -148,6 +180,12 @@ class SamplingFields(Strict):
 
     _stop = field_validator("stop")(classmethod(lambda cls, v: _check_stop(v)))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        check_unicode(data)  # before the tokenizer sees it: it would fail with a TypeError (a 500)
+        return data
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -178,7 +216,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # token ids: true or 1.0 is no id
     suffix: str | None = None
     echo: bool | None = False
     best_of: int | None = Field(default=None, ge=1)

@@ -127,7 +127,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if kind == "extra_forbidden":
         return f"unknown field {param!r}", param
     if kind == "missing":
+        if param is None:  # no body at all
+            return "the request body is empty; expected a JSON object", None
         return f"missing required field {param!r}", param
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, ProtocolError):  # a check of the whole request that knows which field failed
+        return str(cause), cause.param
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     return (f"{param}: {msg}" if param else msg) + more, param
@@ -184,12 +189,12 @@ def _structured():
 # -- request -> decoding parameters ---------------------------------------------------------------------
 def build_params(
     req: SamplingFields, defaults: SamplingParams, prompt_len: int, context: int,
-    max_tokens: int | None, vocab_size: int, effort: str | None = None,
+    max_tokens: int | None, vocab_size: int, effort: str | None = None, prompt_param: str = "messages",
 ) -> SamplingParams:
     room = context - prompt_len
     if room < 1:
         raise APIError(400, f"This model's maximum context length is {context} tokens, but the prompt has "
-                            f"{prompt_len} tokens.", param="messages", code="context_length_exceeded")
+                            f"{prompt_len} tokens.", param=prompt_param, code="context_length_exceeded")
     if max_tokens is not None and max_tokens > room:
         raise APIError(400, f"This model's maximum context length is {context} tokens. However, you requested "
                             f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "
@@ -248,6 +253,11 @@ def _submit_all(
     constraint_for=None, snapshots: bool = False,
 ) -> list[RequestHandle]:
     """Submit n choices per prompt (seed + i per choice); all-or-nothing."""
+    total, capacity = len(prompts) * n, engine.max_batch + engine.max_queue
+    if total > capacity:  # more than the server ever holds at once: a retry (what a 429 asks for) cannot succeed
+        asked = f"{len(prompts)} prompt{'s' * (len(prompts) != 1)} x n={n}"
+        raise APIError(400, f"this request asks for {total} completions ({asked}) but the server holds at most "
+                            f"{capacity} at a time", param="n" if len(prompts) == 1 else "prompt")
     handles: list[RequestHandle] = []
     try:
         for ids in prompts:
@@ -564,9 +574,9 @@ def create_app(
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of is not supported (it must equal n)", param="best_of")
         prompts = _completion_prompts(state, req)
-        longest = max(len(p) for p in prompts)
+        longest = max(len(ids) for ids, _ in prompts)
         params = build_params(req, engine.loaded.defaults, longest, engine.context_length, req.max_tokens,
-                              state.tokenizer.vocab_size)
+                              state.tokenizer.vocab_size, prompt_param="prompt")
         handles = _submit_all(engine, [ids for ids, _ in prompts], params, req.n)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())

@@ -7,6 +7,7 @@ free local port (same code path as ``quicksilver serve``) and talks to that with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from quicksilver.commands._decode_args import add_penalty_args
@@ -49,8 +50,22 @@ def _tool_names(args: argparse.Namespace) -> list[str]:
     return names
 
 
+@contextlib.contextmanager
+def _server_errors_as_one_line(openai, where):
+    """The server unreachable or refusing a request: the CLI's one-line error, not the client's traceback."""
+    try:
+        yield
+    except openai.APIConnectionError as exc:
+        raise ConnectionError(f"cannot reach the server at {where()}: {exc}") from None
+    except openai.APIStatusError as exc:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        if isinstance(body.get("error"), dict):
+            body = body["error"]
+        message = body.get("message")
+        raise ValueError(f"the server at {where()} answered {exc.status_code}: {message or exc.message}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    import contextlib
     import json
 
     from quicksilver.agent import build_tools, format_step, run_agent
@@ -62,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-steps must be at least 1")
     if not 1 <= args.search_k <= 20:
         raise ValueError("--search-k must be from 1 to 20")
+    if not args.python_timeout > 0:
+        raise ValueError("--python-timeout must be > 0 seconds")
+    if args.max_tokens < 1:
+        raise ValueError("--max-tokens must be >= 1")
     # the server would refuse them with a 400 at the first step: SamplingParams checks the same bounds now
     SamplingParams(presence_penalty=args.presence_penalty or 0.0, frequency_penalty=args.frequency_penalty or 0.0)
     from quicksilver.engine import model_thread
@@ -74,9 +93,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--first-tool {args.first_tool!r} is not among the tools")
     first_choice = {"type": "function", "function": {"name": args.first_tool}} if args.first_tool else "auto"
 
+    import openai
     from openai import OpenAI
 
-    with contextlib.ExitStack() as stack:
+    base_url = args.base_url
+    with contextlib.ExitStack() as stack, _server_errors_as_one_line(openai, lambda: base_url):
         if args.base_url:
             base_url, model = args.base_url, args.model
             client = OpenAI(base_url=base_url, api_key=args.api_key, max_retries=0, timeout=600)

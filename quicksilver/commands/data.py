@@ -123,6 +123,8 @@ def _show(args: argparse.Namespace, tokenizer) -> int:
 
     from quicksilver.testing import tiny_tokenizer
 
+    if args.n < 1:
+        raise ValueError("--n must be >= 1")
     tok = tokenizer or tiny_tokenizer()
     if args.task:
         from quicksilver.tasks import get_task, render

@@ -55,12 +55,16 @@ def run(args: argparse.Namespace) -> int:
     from quicksilver.loading import load_model
     from quicksilver.variants import is_compiled, precision_of, variant_of
 
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else None
+    if tasks == []:
+        raise ValueError("--tasks names no task (comma-separated names; omit it for the whole suite)")
     for name in tasks or ():
         if name not in TASKS:
             raise LookupError(f"unknown task {name!r} (known: {', '.join(TASKS)})")
     if args.n < 1 or args.batch_size < 1:
         raise ValueError("--n and --batch-size must be >= 1")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ValueError("--max-tokens must be >= 1")
     if args.tool_choice is not None and not args.constrained:
         raise ValueError("--tool-choice needs --constrained")
     tool_choice = args.tool_choice or "auto"

@@ -43,8 +43,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.max_batch < 1 or args.max_queue < 0:
         raise ValueError("--max-batch must be >= 1 and --max-queue >= 0")
-    if args.index is not None and not os.path.exists(args.index):
-        raise FileNotFoundError(f"{args.index}: index file not found")
+    if args.index is not None:
+        from quicksilver.rag.store import Index
+
+        with Index(args.index, create=False):  # a missing or corrupt index: an error now, not at the first request
+            pass
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
     PrefixCache.check_size(args.prefix_cache_mb)

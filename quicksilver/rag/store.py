@@ -146,9 +146,14 @@ class Index:
         self.path = Path(path)
         if not create and not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such index (create one with `quicksilver index add`)")
+        if create and not self.path.parent.is_dir():
+            raise FileNotFoundError(f"{self.path.parent}: no such folder for the index {self.path.name}")
         self._embedder = embedder
         self._lock = threading.RLock()
-        self.conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        try:
+            self.conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:  # e.g. a folder given as the index, or no permission
+            raise IndexStoreError(f"{self.path}: cannot open the index ({exc})") from exc
         try:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA foreign_keys=ON")
@@ -160,7 +165,11 @@ class Index:
         if existing and "meta" not in existing:
             self.conn.close()
             raise IndexStoreError(f"{self.path}: not a quicksilver index (an unrelated SQLite file)")
-        self.conn.executescript(_SCHEMA)
+        try:
+            self.conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:  # e.g. a read-only file or folder
+            self.conn.close()
+            raise IndexStoreError(f"{self.path}: cannot write the index ({exc})") from exc
         self._cache: tuple[int, np.ndarray, np.ndarray] | None = None  # (generation, chunk ids, matrix)
 
     # ----------------------------------------------------------------- metadata
