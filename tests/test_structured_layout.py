@@ -217,3 +217,58 @@ def test_constraint_factory_constrains_auto_by_default():
         assert isinstance(make(), AutoToolConstraint)
     assert constraint_factory(tok, tools=TOOLS, tool_choice="auto", max_tokens=64, constrain_auto=False) is None
     assert constraint_factory(tok, tools=TOOLS, tool_choice="none", max_tokens=64) is None
+
+
+def test_lazy_string_slots_take_the_room_left_and_stay_within_max_tokens():
+    """An open-length value is not cut at a default width in the lazy layout: it may use every position the
+    rest of the skeleton does not need (a random model rarely ends a string early), and the answer still fits
+    ``max_tokens`` and validates."""
+    from quicksilver.structured.schema import STRING_TOKENS
+
+    tok = tiny_tokenizer()
+    tools = [{"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["text", "n"]}}}]
+    longest = 0
+    for mode in ["block_causal", "causal"]:
+        dec = Decoder(tiny_model(mode, seed=4), tok)
+        for seed in range(3):
+            constraint = tool_call_constraint(tools, "required", tok, max_tokens=96)
+            state = dec.start(tok.encode("note:"), SamplingParams(max_tokens=96, temperature=1.0, seed=seed),
+                              constraint)
+            dec.run(state)
+            assert len(state.answer_ids) <= 96
+            text, calls = constrained_text(state, tok)
+            args = calls[0]["arguments"]
+            assert isinstance(args["text"], str) and isinstance(args["n"], int)
+            longest = max(longest, constraint._runs[state].layout.slots[0].length)  # the value's canvas tokens
+    assert longest > 2 * STRING_TOKENS  # wider than the slot's default width doubled (the old cap)
+
+
+def test_long_tool_argument_is_written_in_full_under_the_constraint():
+    """The shipped default writes this run_python call (code longer than a default slot) on its own; the tool
+    constraint the server applies gives the same call rather than cutting the code short."""
+    from quicksilver.agent.loop import SYSTEM_PROMPT
+    from quicksilver.loading import load_model
+    from quicksilver.structured import auto_tool_constraint, parse_tool_calls
+    from quicksilver.structured.schema import STRING_TOKENS
+    from quicksilver.tasks.agent_steps import tool_schema
+
+    loaded = load_model("default")
+    tok = loaded.tokenizer
+    tools = [tool_schema("run_python")]
+    messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": "Use Python to count the prime numbers below 1000 and report the count."}]
+    ids = tok.encode(tok.apply_chat_template(messages, tools=tools))
+    dec = Decoder(loaded.model, tok, loaded.defaults)
+    params = loaded.defaults.replace(max_tokens=192)
+    free = dec.run(dec.start(ids, params))
+    constrained = dec.run(dec.start(ids, params, auto_tool_constraint(tools, tok, max_tokens=192)))
+    marker = tok.token_id("<|tool_calls|>")
+    want = parse_tool_calls(tok.decode(free.token_ids[1:]), tools)
+    got = parse_tool_calls(tok.decode(constrained.token_ids[1:]), tools)
+    assert free.token_ids[0] == marker and want is not None
+    code = json.loads(want[0]["arguments"])["code"] if isinstance(want[0]["arguments"], str) \
+        else want[0]["arguments"]["code"]
+    assert len(tok.encode(code)) > 2 * STRING_TOKENS
+    assert got == want

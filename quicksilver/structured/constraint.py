@@ -33,6 +33,7 @@ Slots meet the pinned text where the tokenizer cuts the canonical text (``segmen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import weakref
 from collections.abc import Callable
@@ -93,7 +94,7 @@ class _Run:
 def _concat(head: Layout, tail: Layout) -> Layout:
     shift = head.length
     slots = list(head.slots) + [
-        SlotRun(s.offset + shift, s.length, s.solver, s.closers) for s in tail.slots
+        dataclasses.replace(s, offset=s.offset + shift) for s in tail.slots
     ]
     return Layout(head.tokens + tail.tokens, slots)
 
@@ -365,6 +366,7 @@ class StructuredConstraint(Constraint):
 
     def _lay_next(self, state: DecodeState, run: _Run) -> dict[int, int]:
         """Pin the skeleton tokens from the end of the last closed slot up to the active slot (or the end)."""
+        self._widen_active(state, run)
         slots = run.layout.slots
         prev_end = slots[run.active - 1].offset + slots[run.active - 1].length if run.active > 0 else 0
         if run.active < len(slots):
@@ -380,6 +382,27 @@ class StructuredConstraint(Constraint):
             pins[p] = tok
         return pins
 
+    def _widen_active(self, state: DecodeState, run: _Run) -> None:
+        """Give the slot about to be written every canvas position the skeleton does not need: the lazy layout
+        cuts it to its value's length when the value ends, so room costs nothing unused, and a long value (code,
+        a message body) is not cut at a default width. The rest of the skeleton keeps the room it was fitted with,
+        and each later open-length slot is widened the same way when its turn comes."""
+        slots = run.layout.slots
+        if not run.complete or run.active >= len(slots) or not slots[run.active].flexible:
+            return
+        limit = state.params.max_tokens
+        spare = (limit - run.layout.length) if limit is not None else 0
+        if spare <= 0:
+            return
+        s = run.active
+        slot = slots[s]
+        end = slot.offset + slot.length
+        tokens = run.layout.tokens[:end] + [-1] * spare + run.layout.tokens[end:]
+        widened = [*slots[:s], dataclasses.replace(slot, length=slot.length + spare)]
+        widened += [dataclasses.replace(x, offset=x.offset + spare) for x in slots[s + 1 :]]
+        run.layout = Layout(tokens, widened)
+        run.index()
+
     def _close_slot(self, state: DecodeState, run: _Run, length: int, state_cols: dict) -> dict[int, int]:
         """The active slot's value is complete after ``length`` tokens: cut the slot there, pin what follows."""
         s = run.active
@@ -388,8 +411,8 @@ class StructuredConstraint(Constraint):
         cut = slot.length - length
         if cut:
             tokens = layout.tokens[: slot.offset + length] + layout.tokens[slot.offset + slot.length :]
-            slots = [*layout.slots[:s], SlotRun(slot.offset, length, slot.solver, slot.closers)]
-            slots += [SlotRun(x.offset - cut, x.length, x.solver, x.closers) for x in layout.slots[s + 1 :]]
+            slots = [*layout.slots[:s], dataclasses.replace(slot, length=length)]
+            slots += [dataclasses.replace(x, offset=x.offset - cut) for x in layout.slots[s + 1 :]]
             layout = Layout(tokens, slots)
         if not run.complete and s == run.plan.choice_slot:
             cols = state_cols.get(s)

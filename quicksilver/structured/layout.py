@@ -14,7 +14,7 @@ from quicksilver.structured.segmentation import Pinned
 from quicksilver.structured.values import UnionError, build
 from quicksilver.tokenizer import Tokenizer
 
-MAX_SLOT_TOKENS = 64  # flexible slots grow up to this when the canvas has room
+MAX_SLOT_TOKENS = 64  # fixed layout: flexible slots grow up to this when the canvas has room
 AUTOMATA_PER_VOCABULARY = 48  # compiled value automata kept per tokenizer (LRU)
 
 
@@ -24,6 +24,7 @@ class SlotRun:
     length: int
     solver: SlotSolver
     closers: np.ndarray  # token ids that mean "this value is over" (their mass goes to the filler)
+    flexible: bool = False  # a value of open length (a string, an array): the lazy layout may widen its slot
 
     @property
     def automaton(self) -> TokenAutomaton:
@@ -124,7 +125,7 @@ def lay_out(
             continue
         nxt = next((x for x in encoded[i + 1:] if isinstance(x, list) and x), None)
         closers = _closers(lex, nxt[0] if nxt else None, end_ids)
-        runs.append(SlotRun(len(tokens), e.budget, SlotSolver(e.automaton), closers))
+        runs.append(SlotRun(len(tokens), e.budget, SlotSolver(e.automaton), closers, e.slot.flexible))
         tokens.extend([-1] * e.budget)
     return Layout(tokens, runs)
 
