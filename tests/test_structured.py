@@ -367,6 +367,41 @@ def test_string_automaton():
         assert _accepts(bounded, text) == (2 <= len(json.loads(b'"' + text + b'"')) <= 3), text
 
 
+@pytest.mark.parametrize("spec", [("qstring",), ("qstring", 2, 40, None), ("number", True, "-5", "900", False, False)])
+def test_slot_solver_masks_over_long_free_runs_match_a_plain_walk(tok, spec):
+    """The solver stops walking a free run once a position leaves the reachable set unchanged (wide lazy slots):
+    its masks must equal those of a walk over every position."""
+    from quicksilver.structured.automata import SlotSolver
+    from quicksilver.structured.layout import automaton_for
+    from quicksilver.structured.lexicon import lexicon_for
+
+    auto = automaton_for(spec, lexicon_for(tok))
+    solver = SlotSolver(auto)
+
+    def plain(cols, i):
+        fwd = auto.initial()
+        for c in cols[:i]:
+            fwd = auto.forward_free(fwd) if c < 0 else auto.forward_token(fwd, c)
+        bwd = auto.final()
+        for c in reversed(cols[i + 1:]):
+            bwd = auto.backward_free(bwd) if c < 0 else auto.backward_token(bwd, c)
+        return auto.allowed_columns(fwd, bwd)
+
+    rng = random.Random(0)
+    for _ in range(12):
+        length = rng.randint(1, 60)
+        cols = [-1] * length
+        for _ in range(rng.randint(0, 4)):  # a few committed tokens that keep the slot completable
+            pos = rng.randrange(length)
+            allowed = solver.masks(cols, [pos])[pos]
+            choices = [c for c in range(len(allowed)) if allowed[c] and c != auto.filler_col]
+            if choices:
+                cols[pos] = rng.choice(choices)
+        free = [i for i, c in enumerate(cols) if c < 0]
+        for i, mask in solver.masks(cols, free).items():
+            assert (mask == plain([c if j != i else -1 for j, c in enumerate(cols)], i)).all(), (cols, i)
+
+
 @pytest.mark.parametrize("layout", ["fixed", "lazy"])
 def test_filler_that_is_a_stop_token_does_not_end_the_answer(tok, layout):
     """Trained models list the rainbow pads (our slot filler) as stop tokens."""

@@ -270,12 +270,17 @@ class SlotSolver:
         a = self.a
         out = [a.initial()]
         key: tuple = ()
+        steady = False  # the last free position left the set unchanged: further free positions do too
         for col in cols:
+            if col < 0 and steady:  # long free runs (a wide lazy slot) cost nothing past this point
+                out.append(out[-1])
+                continue
             key = key + (col,)
             r = self._fwd.get(key)
             if r is None:
                 r = a.forward_free(out[-1]) if col < 0 else a.forward_token(out[-1], col)
                 self._fwd[key] = r
+            steady = col < 0 and np.array_equal(r, out[-1])
             out.append(r)
         return out
 
@@ -283,12 +288,17 @@ class SlotSolver:
         a = self.a
         out = [a.final()]
         key: tuple = ()
+        steady = False
         for col in reversed(cols):
+            if col < 0 and steady:
+                out.append(out[-1])
+                continue
             key = (col,) + key
             c = self._bwd.get(key)
             if c is None:
                 c = a.backward_free(out[-1]) if col < 0 else a.backward_token(out[-1], col)
                 self._bwd[key] = c
+            steady = col < 0 and np.array_equal(c, out[-1])
             out.append(c)
         out.reverse()
         return out
