@@ -257,6 +257,21 @@ def test_agent_open_arguments_come_from_open_sets_and_chains_take_two_tools():
         raise AssertionError("no chained calculator step among the examples")
 
 
+def test_agent_open_train_documents_also_look_like_indexed_pages():
+    """Half the train split's search results are laid out as an index holds a page (bare title, wrapped lines,
+    several paragraphs), as the agent's real search tool returns them; the eval split keeps one format."""
+
+    def observations(split):
+        return [m["content"] for ex in _examples("agent_open", split, 300) for m in ex.messages if m["role"] == "tool"
+                and m["content"].startswith("[1] (source:")]
+
+    train = observations("train")
+    pages = [o for o in train if "\n# " not in o]
+    assert 0.25 * len(train) < len(pages) < 0.9 * len(train)
+    assert all(o.count("\n") >= 4 for o in pages)  # title, blank line, wrapped paragraphs
+    assert all("\n# " in o for o in observations("eval"))
+
+
 def test_json_varied_states_every_value_and_never_a_held_out_json_wording():
     """The drill composes new wordings; none may reproduce a ``json`` task sentence or request held out for eval."""
     from quicksilver.tasks.base import split_items

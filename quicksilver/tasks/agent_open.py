@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 import re
+import textwrap
 from typing import Any
 
 from quicksilver.rag.chat import format_sources
@@ -194,7 +195,8 @@ def _entity_facts(rng: random.Random) -> dict[str, str]:
             "count": str(rng.randint(3, 900)), "noun": rng.choice(_COUNT_NOUNS), "designer": rng.choice(_PEOPLE)}
 
 
-def _document(rng: random.Random, entity: str, facts: dict[str, str], keys: list[str]) -> str:
+def _document(rng: random.Random, entity: str, facts: dict[str, str], keys: list[str],
+              split: Split | None = None) -> str:
     sentences = []
     for i, k in enumerate(keys):
         template = rng.choice(_SEARCH_FACTS[k][0])
@@ -202,7 +204,22 @@ def _document(rng: random.Random, entity: str, facts: dict[str, str], keys: list
         subject = "It" if i > 0 and template.startswith("{e}") and rng.random() < 0.5 else entity
         sentences.append(template.format(e=subject, **facts))
     sentences.insert(rng.randint(1, len(sentences)), rng.choice(_FILLER))
+    if split == "train" and rng.random() < 0.5:  # (train only, so the eval split's documents stay as they were)
+        return _as_extracted_page(rng, entity, sentences)
     return f"# {entity}\n\n" + " ".join(sentences)
+
+
+def _as_extracted_page(rng: random.Random, entity: str, sentences: list[str]) -> str:
+    """The text an index holds for a web page or a wrapped text file: a bare title line, paragraphs of one or
+    two sentences, lines wrapped where the source wrapped them."""
+    paragraphs, i = [], 0
+    while i < len(sentences):
+        n = rng.choice((1, 2, 2))
+        paragraphs.append(" ".join(sentences[i : i + n]))
+        i += n
+    width = rng.randint(60, 110)
+    body = "\n\n".join(textwrap.fill(p, width) for p in paragraphs)
+    return f"{entity}\n\n{body}"
 
 
 def _hit(rng: random.Random, entity: str, text: str, number: int) -> dict[str, Any]:
@@ -213,16 +230,16 @@ def _hit(rng: random.Random, entity: str, text: str, number: int) -> dict[str, A
 
 
 def _search_step(rng: random.Random, entity: str, facts: dict[str, str], key: str, answerable: bool = True,
-                 short: bool = False) -> tuple[dict[str, Any], str]:
+                 short: bool = False, split: Split | None = None) -> tuple[dict[str, Any], str]:
     """The search call for ``key`` of ``entity`` and what the search returns (one or two hits; ``short``: one hit
     with one other fact, so that a chained episode still fits a 512-token row)."""
     others = [k for k in _SEARCH_FACTS if k != key]
     keys = ([key] if answerable else []) + rng.sample(others, 1 if short else rng.randint(1, 2))
     rng.shuffle(keys)
-    hits = [(entity, _document(rng, entity, facts, keys))]
+    hits = [(entity, _document(rng, entity, facts, keys, split))]
     if not short and rng.random() < 0.3:  # an unrelated second hit
         other = _entity_name(rng)
-        hits.append((other, _document(rng, other, _entity_facts(rng), rng.sample(sorted(_SEARCH_FACTS), 2))))
+        hits.append((other, _document(rng, other, _entity_facts(rng), rng.sample(sorted(_SEARCH_FACTS), 2), split)))
         rng.shuffle(hits)
     observation = format_sources([_hit(rng, name, text, i) for i, (name, text) in enumerate(hits, 1)])
     query = f"{entity} {_SEARCH_FACTS[key][2].format(**facts)}"
@@ -233,7 +250,7 @@ def _search_episode(rng: random.Random, split: Split) -> Episode:
     entity, facts = _entity_name(rng), _entity_facts(rng)
     key = rng.choice(sorted(_SEARCH_FACTS))
     answerable = rng.random() < 0.9
-    step = _search_step(rng, entity, facts, key, answerable)
+    step = _search_step(rng, entity, facts, key, answerable, split=split)
     q = pick(rng, _SEARCH_FACTS[key][1], split).format(e=entity, **facts)
     template = pick(rng, _SEARCH_ASKS, split)
     ask = template.format(q=q if template.startswith("{q}") else q[0].lower() + q[1:])
@@ -264,7 +281,7 @@ _CHAIN_ANSWERS = ("The result is {v}.", "{v}", "That makes {v}.", "The answer is
 
 def _chain_search_episode(rng: random.Random, split: Split) -> Episode:
     entity, facts = _entity_name(rng), _entity_facts(rng)
-    search = _search_step(rng, entity, facts, "count", short=True)
+    search = _search_step(rng, entity, facts, "count", short=True, split=split)
     op = rng.choice("*+-")
     k = rng.randint(2, 999)
     expr = f"{facts['count']} {op} {k}"
