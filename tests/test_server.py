@@ -700,4 +700,15 @@ def test_bad_requests_are_400s_and_leave_the_server_working(served, client):
                    headers=auth)
     assert r.status_code == 400 and envelope(r)["param"] == "prompt" and "Retry-After" not in r.headers
     assert engine_of(app).load == 0  # nothing was queued
+    # numbers and flags of the wrong JSON type are refused, as OpenAI refuses them (they used to be coerced)
+    for field, value in (("n", "2"), ("n", 2.0), ("max_tokens", True), ("stream", "yes"), ("logprobs", 1),
+                         ("temperature", "0.5"), ("seed", 1.5), ("top_k", False)):
+        r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": HI, field: value}, headers=auth)
+        assert r.status_code == 400 and envelope(r)["param"] == field, (field, value, r.text)
+    raw = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "temperature": NaN}}'
+    r = httpx.post(url + "/v1/chat/completions", content=raw.encode(), headers=auth)
+    assert r.status_code == 400 and "finite" in envelope(r)["message"], r.text
+    ok = httpx.post(url + "/v1/chat/completions", headers=auth,
+                    json={"model": MODEL, "messages": HI, "temperature": 0, "max_tokens": 2, "stream": False})
+    assert ok.status_code == 200  # an int where a float goes is a number all the same
     assert client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2).choices

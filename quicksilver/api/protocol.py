@@ -13,7 +13,7 @@ import json
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 REASONING_EFFORTS = ("none", "minimal", "instant", "low", "medium", "high", "xhigh")
 
@@ -161,21 +161,23 @@ class SamplingFields(Strict):
     """Fields shared by chat and legacy completions."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)  # 0 means greedy
-    top_k: int | None = Field(default=None, ge=0)  # extension (vLLM-style)
-    n: int = Field(default=1, ge=1, le=16)
+    # numbers and flags are typed as OpenAI types them: "2", 2.5 or true is no n, "yes" no stream (no coercion)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    top_p: StrictFloat | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)  # 0 means greedy
+    top_k: StrictInt | None = Field(default=None, ge=0)  # extension (vLLM-style)
+    n: StrictInt = Field(default=1, ge=1, le=16)
     stop: StopField = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
-    stream: bool | None = False
+    seed: StrictInt | None = Field(default=None, ge=-(2**63), lt=2**63)
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None  # token id (a string) -> bias
+    presence_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    # token id (a string) -> bias
+    logit_bias: dict[str, Annotated[StrictFloat, Field(ge=-100, le=100, allow_inf_nan=False)]] | None = None
     metadata: dict[str, str] | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
     service_tier: str | None = None
 
     _stop = field_validator("stop")(classmethod(lambda cls, v: _check_stop(v)))
@@ -189,14 +191,14 @@ class SamplingFields(Strict):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
     reasoning_effort: str | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     modalities: list[str] | None = None
     prediction: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
@@ -204,7 +206,7 @@ class ChatCompletionRequest(SamplingFields):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     # extensions
-    diffusing: bool | None = None
+    diffusing: StrictBool | None = None
     retrieval: Retrieval | None = None
 
     @field_validator("reasoning_effort")
@@ -218,10 +220,10 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # token ids: true or 1.0 is no id
     suffix: str | None = None
-    echo: bool | None = False
-    best_of: int | None = Field(default=None, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for legacy completions
+    echo: StrictBool | None = False
+    best_of: StrictInt | None = Field(default=None, ge=1)
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
+    max_tokens: StrictInt | None = Field(default=16, ge=1)  # OpenAI's default for legacy completions
 
 
 # -- conversions between OpenAI shapes and our chat template -------------------------------------------
