@@ -86,6 +86,8 @@ def test_chat_json_and_tool_answers_are_valid(model_dir, tmp_path):
         (["data", "show", "--n", "0"], "--n must be >= 1"),
         (["agent", "x", "--python-timeout", "-1"], "--python-timeout must be > 0"),
         (["train", "BADYAML"], "not valid YAML"),  # the parser's multi-line message, on one line
+        (["generate", "--model", "MODEL", "  "], "the prompt is empty"),
+        (["chat", "--model", "MODEL", "--json-schema", "/nonexistent/schema.json"], "file not found"),
     ],
 )
 def test_bad_input_is_one_line_error_not_traceback(model_dir, tmp_path, args, message):

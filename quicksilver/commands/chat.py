@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_json(path: str, what: str) -> Any:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{what} {path}: file not found")
     try:
         return json.loads(Path(path).read_text())
     except json.JSONDecodeError as exc:

@@ -26,6 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from quicksilver.loading import load_model
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise ValueError("the prompt is empty")
     loaded = load_model(args.model, precision=args.precision, device=args.device, compile=args.compile)
     params = params_from_args(args, loaded.defaults)
     decoder = Decoder(loaded.model, loaded.tokenizer, params)
