@@ -24,7 +24,9 @@ Layouts (``layout=``):
   "value is over" mass) the slot is cut to the value's length and the next skeleton piece is pinned right
   behind it. No filler ever sits inside the answer, so the model sees text laid out as in training
   (``"age": 52, "city"`` rather than ``"age": 52<pad><pad>..., "city"``), at the price of values being
-  written left to right (pinned text still costs no forward).
+  written left to right (pinned text still costs no forward). A value of open length (a string, an array) may
+  use every canvas position the rest of the skeleton does not need, so a long argument (code, a message body) is
+  written in full rather than cut at a default slot width.
 * ``"fixed"``: the whole skeleton is pinned up front and each value slot has a fixed width padded with the
   filler (slots are filled in any order, and a model that attends ahead sees the keys after a value).
 
