@@ -142,6 +142,28 @@ def test_random_models_always_produce_valid_json(decoders, tok, mode, name):
         assert value == json.loads(text)
 
 
+@pytest.mark.parametrize("layout", ["lazy", "fixed"])
+def test_optional_properties_may_be_left_out(decoders, tok, layout):
+    """Optional simple properties after a written one are the model's choice: random models write some and leave
+    out others, always valid; a required one is always there."""
+    schema = {"type": "object", "properties": {
+        "id": {"type": "integer"}, "note": {"type": "string"}, "unit": {"enum": ["cm", "inch"]},
+        "score": {"type": "number"}}, "required": ["id"]}
+    seen: dict[str, int] = {}
+    runs = 0
+    for mode in MODES:
+        for seed in range(6):
+            state = _decode(decoders[mode], json_schema_constraint(schema, tok, layout=layout), seed)
+            text, value = constrained_text(state, tok)
+            jsonschema.validate(value, schema)
+            assert "id" in value
+            for key in value:
+                seen[key] = seen.get(key, 0) + 1
+            runs += 1
+    optional_counts = [seen.get(k, 0) for k in ("note", "unit", "score")]
+    assert any(0 < c < runs for c in optional_counts), seen  # written in some answers, left out in others
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_aggressive_policies_and_self_correction_stay_valid(decoders, tok, mode):
     """threshold 0 commits every position in one step (joint feasibility), self-correction revises."""

@@ -272,3 +272,30 @@ def test_long_tool_argument_is_written_in_full_under_the_constraint():
         else want[0]["arguments"]["code"]
     assert len(tok.encode(code)) > 2 * STRING_TOKENS
     assert got == want
+
+
+def test_optional_arguments_are_the_models_choice(ar_twin):
+    """An optional argument is written when the model writes it and left out when it does not: on held-out
+    tool_call prompts, every call the shipped twin writes validly on its own comes out the same under the tool
+    constraint (before, optional arguments were always written: `"unit": "celsius"` nobody asked for)."""
+    from quicksilver.evaluate import eval_examples
+    from quicksilver.structured import auto_tool_constraint, parse_tool_calls
+    from quicksilver.tasks import render_prompt
+
+    tok = ar_twin.tokenizer
+    dec = Decoder(ar_twin.model, tok, ar_twin.defaults)
+    params = ar_twin.defaults.replace(max_tokens=96, temperature=0.0)
+    with_unit = without_unit = 0
+    for ex in eval_examples("tool_call", 60):
+        if not isinstance(ex.answer, list) or ex.answer[0]["name"] != "get_weather":
+            continue
+        ids = tok.encode(render_prompt(ex, tok))
+        free = parse_tool_calls(dec.run(dec.start(ids, params)).text.split("<|tool_calls|>")[-1], ex.tools)
+        if not free:
+            continue
+        out = dec.run(dec.start(ids, params, auto_tool_constraint(ex.tools, tok, max_tokens=96)))
+        assert parse_tool_calls(tok.decode(out.token_ids[1:]), ex.tools) == free
+        has_unit = "unit" in free[0]["arguments"]
+        with_unit += has_unit
+        without_unit += not has_unit
+    assert with_unit >= 1 and without_unit >= 1

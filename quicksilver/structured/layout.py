@@ -123,8 +123,7 @@ def lay_out(
         if isinstance(e, list):
             tokens.extend(e)
             continue
-        nxt = next((x for x in encoded[i + 1:] if isinstance(x, list) and x), None)
-        closers = _closers(lex, nxt[0] if nxt else None, end_ids)
+        closers = _closers(lex, _following_bytes(encoded[i + 1:], lex), end_ids)
         runs.append(SlotRun(len(tokens), e.budget, SlotSolver(e.automaton), closers, e.slot.flexible))
         tokens.extend([-1] * e.budget)
     return Layout(tokens, runs)
@@ -152,10 +151,54 @@ def _fit(slots: list[_Planned], room: int, max_tokens: int) -> None:
             spare -= grow
 
 
-def _closers(lex: Lexicon, next_token: int | None, end_ids: tuple[int, ...]) -> np.ndarray:
+def _closers(lex: Lexicon, next_bytes: set[int], end_ids: tuple[int, ...]) -> np.ndarray:
     ids = set(end_ids)
-    if next_token is not None:
-        text = lex.token_bytes(next_token)
-        if text:
-            ids.update(lex.first_byte_ids(text[0]).tolist())
+    for b in next_bytes:
+        ids.update(lex.first_byte_ids(b).tolist())
     return np.array(sorted(ids), dtype=np.int64)
+
+
+def _following_bytes(rest: list, lex: Lexicon) -> set[int]:
+    """Bytes the text after a slot can start with: the next pinned token's first byte, or the first bytes of the
+    slots before it (an optional property's slot may hold nothing, so what follows it counts too)."""
+    out: set[int] = set()
+    for e in rest:
+        if isinstance(e, list):
+            if e:
+                text = lex.token_bytes(e[0])
+                if text:
+                    out.add(text[0])
+                return out
+            continue
+        first = _first_bytes(e.slot.spec)
+        if first is None:  # a value that could start with many bytes: what comes after it decides, as before
+            continue
+        found, may_be_empty = first
+        out |= found
+        if not may_be_empty:
+            return out
+    return out
+
+
+def _first_bytes(spec: tuple) -> tuple[set[int], bool] | None:
+    """(bytes a value of ``spec`` can start with, whether it can be empty), for the specs whose first byte is
+    fixed text; None for the others."""
+    kind = spec[0]
+    if kind == "affix":
+        if spec[1]:
+            return {spec[1].encode("utf-8")[0]}, False
+        inner = _first_bytes(spec[2])
+        if inner is None or not inner[1] or not spec[3]:
+            return inner
+        return inner[0] | {spec[3].encode("utf-8")[0]}, False
+    if kind == "literals":
+        return {t.encode("utf-8")[0] for t in spec[1] if t}, any(t == "" for t in spec[1])
+    if kind == "seq":
+        first = spec[1][0] if spec[1] else None
+        return ({first[1].encode("utf-8")[0]}, False) if first and first[0] == "lit" and first[1] else None
+    if kind == "union":
+        parts = [_first_bytes(s) for s in spec[1]]
+        if any(p is None for p in parts):
+            return None
+        return set().union(*(p[0] for p in parts)), any(p[1] for p in parts)
+    return None

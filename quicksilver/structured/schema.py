@@ -4,8 +4,10 @@ Text is laid out the way ``json.dumps`` writes it with default separators (``", 
 is also how the chat template's ``tojson`` renders tool calls, so pinned text tokenizes like training
 data. Strategy for the parts a skeleton cannot leave open (documented, deterministic):
 
-* every listed property is emitted, in schema order (optional ones too: always valid, keeps keys pinned);
-  an optional property we cannot enforce (or a recursive one) is left out;
+* every listed property is emitted, in schema order; an optional one with a simple value (string, number,
+  enum...) that follows a written property is one slot holding either nothing or ``, "key": value``, so the
+  model decides whether to state it; other optional ones are always written (keys pinned); an optional property
+  we cannot enforce (or a recursive one) is left out;
 * an array whose item count is fixed (minItems == maxItems) is pinned item by item; otherwise it is one
   slot whose automaton counts items (minItems/maxItems respected) - for object items the model then
   writes the keys itself (forced by the automaton); items that need their own counter (length-bounded
@@ -258,6 +260,14 @@ class SchemaCompiler:
                 if name in required:
                     raise
                 continue  # an optional property we cannot enforce is left out (still valid)
+            spec = _as_simple(value) if name not in required and emitted else None
+            if spec is not None and not _counted(spec) and schema.get("minProperties", 0) <= emitted:
+                # an optional simple value after a written one: the model writes it or leaves it out (one slot
+                # holding nothing or `, "key": value`), so a call need not state an argument nobody asked for
+                key = ", " + dumps(name) + ": "
+                pieces.append(Slot(("union", (("literals", ("",)), ("seq", (("lit", key), spec)))),
+                                   _budget_of(value) + max(1, len(key) // 3), True))
+                continue
             pieces.append((", " if emitted else "") + dumps(name) + ": ")
             pieces.extend(value)
             emitted += 1
