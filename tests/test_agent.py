@@ -222,11 +222,48 @@ def test_retry_loop_is_stopped():
 
     with serve_in_thread(app) as url:
         result = run_agent(OpenAI(base_url=url, api_key="x", max_retries=0), "m", "t", build_tools(["calculator"]),
-                           max_steps=10)
+                           max_steps=10, final_answer=False)
     assert result.stopped_because == "repeated_calls" and len(result.steps) == MAX_REPEATS
     assert result.steps[0].tool_calls[0].observation == "2"
     assert result.steps[1].tool_calls[0].observation == "2" + REPEAT_NOTE
     assert result.forwards is None  # this endpoint reports no diffusion_stats
+    assert all(body["tool_choice"] == "auto" for body in sent)
+
+
+def _tool_happy_app(sent: list[dict]) -> FastAPI:
+    """Calls the calculator with the same arguments whenever it may; answers in words under tool_choice "none"."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        sent.append(body)
+        if body.get("tool_choice") == "none":
+            message, finish = {"role": "assistant", "content": "It is 2."}, "stop"
+        else:
+            call = {"id": f"c{len(sent)}", "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'}}
+            message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+
+    return app
+
+
+@pytest.mark.parametrize("max_steps, forced_by, steps", [(2, "step_limit", 2), (10, "repeated_calls", 4)])
+def test_a_model_that_keeps_calling_tools_is_asked_for_an_answer(max_steps, forced_by, steps):
+    """By default the last step, and the step after MAX_REPEATS identical calls, go out with tool_choice "none":
+    the episode ends in an answer."""
+    from quicksilver.agent.loop import MAX_REPEATS
+
+    sent: list[dict] = []
+    with serve_in_thread(_tool_happy_app(sent)) as url:
+        result = run_agent(OpenAI(base_url=url, api_key="x", max_retries=0), "m", "t", build_tools(["calculator"]),
+                           max_steps=max_steps)
+    assert result.stopped_because == "answer" and result.answer == "It is 2." and result.forced_by == forced_by
+    assert len(result.steps) == steps == len(sent)
+    assert [b["tool_choice"] for b in sent] == ["auto"] * (steps - 1) + ["none"]
+    assert steps - 1 == (MAX_REPEATS if forced_by == "repeated_calls" else max_steps - 1)
 
 
 # --------------------------------------------------------------------------------------------- live server

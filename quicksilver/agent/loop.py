@@ -1,5 +1,10 @@
 """The agent loop: ask the model (through the OpenAI chat API, stock ``openai`` client) what to do, run the tool
-calls it makes, feed back the observations, until it answers without a tool call or the step limit is hit."""
+calls it makes, feed back the observations, until it answers without a tool call or the step limit is hit.
+
+With ``final_answer`` (the default) the episode still ends in an answer when the model will not stop calling
+tools: the last allowed step, and the step after a call repeated ``MAX_REPEATS`` times, are requested with
+``tool_choice: "none"``, so the model must reply in words from what it has seen (LangChain calls this early
+stopping by generation). ``AgentResult.forced_by`` records why."""
 
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ class AgentResult:
     task: str
     answer: str | None
     stopped_because: str  # answer | step_limit | repeated_calls | context_full
+    forced_by: str | None = None  # the answer was asked for without tools: step_limit | repeated_calls
     steps: list[AgentStep] = field(default_factory=list)
     total_seconds: float = 0.0
     sources: list[dict] = field(default_factory=list)
@@ -94,8 +100,10 @@ def run_agent(
     presence_penalty: float | None = None,
     frequency_penalty: float | None = None,
     on_step: Callable[[AgentStep], None] | None = None,
+    final_answer: bool = True,
 ) -> AgentResult:
-    """Run one episode. ``first_tool_choice`` applies to the first request only (e.g. force a search first)."""
+    """Run one episode. ``first_tool_choice`` applies to the first request only (e.g. force a search first).
+    ``final_answer``: see the module docstring."""
     if max_steps < 1:
         raise ValueError(f"max_steps must be at least 1, got {max_steps}")
     by_name = {t.name: t for t in tools}
@@ -104,11 +112,14 @@ def run_agent(
     result = AgentResult(task, None, "step_limit")
     started = time.perf_counter()
     seen: dict[tuple[str, str], int] = {}  # (name, canonical arguments) -> times called
+    forcing: str | None = None  # why this step must answer in words
     for number in range(1, max_steps + 1):
         request: dict[str, Any] = {"model": model, "messages": messages}
+        if final_answer and forcing is None and number == max_steps and number > 1:
+            forcing = "step_limit"
         if tools:
             request["tools"] = [t.spec() for t in tools]
-            request["tool_choice"] = first_tool_choice if number == 1 else "auto"
+            request["tool_choice"] = "none" if forcing else first_tool_choice if number == 1 else "auto"
         if max_tokens is not None:
             request["max_tokens"] = max_tokens
         for name, value in (("temperature", temperature), ("presence_penalty", presence_penalty),
@@ -158,8 +169,15 @@ def run_agent(
         if not calls:
             result.answer = message.content or ""
             result.stopped_because = "answer"
+            result.forced_by = forcing
+            break
+        if forcing is not None:  # the server called a tool all the same: nothing more to ask
+            result.stopped_because = forcing
             break
         if max(seen.values()) >= MAX_REPEATS:
+            if final_answer and number < max_steps:
+                forcing = "repeated_calls"
+                continue
             result.stopped_because = "repeated_calls"
             break
     result.total_seconds = time.perf_counter() - started

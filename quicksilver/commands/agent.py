@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_penalty_args(p)
     p.add_argument("--python-timeout", type=float, default=10.0, help="seconds per run_python call")
     p.add_argument("--first-tool", help="force this tool on the first turn (tool_choice)")
+    p.add_argument("--no-final-answer", dest="final_answer", action="store_false",
+                   help="end without an answer at the step limit or on a repeated call, instead of asking the model "
+                        "for an answer without tools")
     p.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (default: in-process)")
     p.add_argument("--api-key", default="unused", help="API key for --base-url")
     p.add_argument("--model", help="model name (with --base-url) or model folder (in-process)")
@@ -116,11 +119,13 @@ def run(args: argparse.Namespace) -> int:
         result = run_agent(client, model, task, tools, max_steps=args.max_steps, first_tool_choice=first_choice,
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                           on_step=lambda step: print(format_step(step) + "\n", flush=True))
+                           on_step=lambda step: print(format_step(step) + "\n", flush=True),
+                           final_answer=args.final_answer)
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     if result.answer is not None:
-        print(f"final answer: {result.answer.strip()}")
+        forced = f" (asked for without tools: {result.forced_by.replace('_', ' ')})" if result.forced_by else ""
+        print(f"final answer{forced}: {result.answer.strip()}")
     else:
         print(f"no answer after {args.max_steps} steps")
     if result.sources:
