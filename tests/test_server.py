@@ -481,6 +481,95 @@ def test_auto_tool_choice_returns_free_text_as_content(client, model_dir):
     assert texts[0] == plain.choices[0].message.content
 
 
+def helper_final(client, **kwargs):
+    """The message snapshot the openai client's accumulating stream helper builds (its ``get_final_completion``
+    refuses "length" answers when tools are given, whatever the server)."""
+    with client.chat.completions.stream(**kwargs) as s:
+        events = [e.type for e in s]
+        return s.current_completion_snapshot, events
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_stream_helper_final_message_equals_non_streamed(client, fake_structured, choice):
+    """The client's accumulating helper ends with the message a non-streamed request returns: a tool-call answer
+    has content None (the first delta's content was "" and made it an empty string), its calls and finish."""
+    kwargs = dict(model=MODEL, messages=HI, max_tokens=100, tools=[WEATHER, TIME], tool_choice=choice, n=2)
+    if choice == "auto":  # the stand-in pins the same calls where the model may choose
+        from quicksilver.api import server as server_module
+
+        server_module._structured().auto_tool_constraint = lambda tools, tok, max_tokens=None: PinText(
+            fake_structured["tool"], tok).constraint
+    plain = client.chat.completions.create(**kwargs)
+    final, events = helper_final(client, **kwargs)
+    assert "tool_calls.function.arguments.done" in events
+    assert len(final.choices) == len(plain.choices) == 2
+    for a, b in zip(plain.choices, final.choices, strict=True):
+        assert b.index == a.index and b.finish_reason == a.finish_reason == "tool_calls"
+        assert a.message.content is None and b.message.content is None
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in b.message.tool_calls] == \
+            [(c.function.name, json.loads(c.function.arguments)) for c in a.message.tool_calls]
+        assert all(c.id.startswith("call_") for c in b.message.tool_calls)
+
+
+def test_stream_helper_text_answer_with_tools_offered(client):
+    """tools offered, the model answers in text: the helper's content is the non-streamed content (a string, even
+    after a first delta with content null)."""
+    kwargs = dict(model=MODEL, messages=HI, max_tokens=12, temperature=0, tools=[WEATHER], tool_choice="auto")
+    plain = client.chat.completions.create(**kwargs)
+    assert plain.choices[0].message.tool_calls is None
+    final, _ = helper_final(client, **kwargs)
+    assert final.choices[0].message.content == plain.choices[0].message.content
+    assert final.choices[0].finish_reason == plain.choices[0].finish_reason
+
+
+def test_forced_tool_call_cut_by_length_streams_its_text(served, client, fake_structured):
+    """A forced call cut by max_tokens is a "length" answer whose partial text is the content (as OpenAI returns
+    a truncated call): the stream used to drop that text, so its deltas did not add up to the answer."""
+    fake_structured["tool"] = '<|tool_calls|>[{"name": "get_weather", "argu'
+    budget = len(served[1].state.qs.tokenizer.encode(fake_structured["tool"]))  # the pin fills it: no room to end
+    kwargs = dict(model=MODEL, messages=HI, max_tokens=budget, tools=[WEATHER], tool_choice="required")
+    plain = client.chat.completions.create(**kwargs)
+    assert plain.choices[0].finish_reason == "length" and plain.choices[0].message.content
+    texts, finishes, _, _ = collect_stream(client.chat.completions.create(**kwargs, stream=True))
+    assert texts == {0: plain.choices[0].message.content} and finishes == {0: ["length"]}
+
+
+def test_returned_assistant_message_can_be_sent_back(client, fake_structured):
+    """The documented agent loop appends the returned message to the conversation. The client serializes what it
+    parsed: ``annotations`` (which we return), and from its parse/stream helpers ``parsed``, a call's ``index`` and
+    ``function.parsed_arguments``. All used to be 400 "unknown field"."""
+    from pydantic import BaseModel
+
+    class GetWeather(BaseModel):
+        city: str
+
+    fake_structured["tool"] = '<|tool_calls|>[{"name": "GetWeather", "arguments": {"city": "Paris"}}]'
+    typed = openai.pydantic_function_tool(GetWeather)
+    kwargs = dict(model=MODEL, messages=HI, max_tokens=100, tools=[typed], tool_choice="required")
+    created = client.chat.completions.create(**kwargs).choices[0].message
+    parsed = client.chat.completions.parse(**kwargs).choices[0].message
+    assert parsed.tool_calls[0].function.parsed_arguments == GetWeather(city="Paris")
+    streamed, _ = helper_final(client, **kwargs)
+    streamed = streamed.choices[0].message
+    text = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=4).choices[0].message
+
+    class CityN(BaseModel):
+        city: str
+        n: int
+
+    structured = client.chat.completions.parse(model=MODEL, messages=HI, max_tokens=100,
+                                               response_format=CityN).choices[0].message
+    assert structured.parsed == CityN(city="Paris", n=3)
+    for message in (created, parsed, streamed):
+        follow_up = [*HI, message, {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny"}]
+        r = client.chat.completions.create(model=MODEL, messages=follow_up, max_tokens=4, tools=[typed],
+                                           tool_choice="none")
+        assert r.choices[0].message.role == "assistant"
+    for message in (text, structured):
+        r = client.chat.completions.create(model=MODEL, messages=[*HI, message, *HI], max_tokens=4)
+        assert r.choices[0].message.role == "assistant"
+
+
 def test_tool_call_parsing_validates_against_schema():
     from quicksilver.structured import parse_tool_calls
 

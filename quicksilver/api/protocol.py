@@ -3,7 +3,9 @@
 Documented OpenAI fields that a stock client may send but that we do not implement are accepted and
 ignored when they are at their neutral value (e.g. ``logprobs=False``, ``user``, ``metadata``,
 ``parallel_tool_calls``); a value we cannot honour (``logprobs=True``) is a 400 from the server, and a
-field OpenAI does not define is a 400 "unknown field". Extensions: ``diffusing`` (canvas snapshots while
+field OpenAI does not define is a 400 "unknown field", except the few that the ``openai`` client itself puts on a
+message it returned (``annotations``, ``parsed``, a call's ``index`` and ``parsed_arguments``), which come back
+when a client appends that message to its conversation. Extensions: ``diffusing`` (canvas snapshots while
 streaming), ``retrieval`` (RAG over the server's index), ``top_k``.
 """
 
@@ -57,12 +59,16 @@ def check_unicode(body: Any) -> None:
 class FunctionCall(Strict):
     name: str
     arguments: str = "{}"
+    # the openai client's parse/stream helpers add this to the calls they return; a client that appends the
+    # returned message to its conversation (the documented agent loop) sends it back: accepted and ignored
+    parsed_arguments: Any = None
 
 
 class ToolCall(Strict):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
+    index: int | None = None  # on calls accumulated by the openai client's stream helper; ignored
 
 
 class ContentPart(BaseModel):
@@ -81,6 +87,9 @@ class ChatMessage(Strict):
     refusal: str | None = None
     function_call: dict[str, Any] | None = None  # deprecated; accepted and ignored
     audio: dict[str, Any] | None = None  # accepted and ignored
+    # in every assistant message we return, so in the conversation a client sends back: accepted and ignored
+    annotations: list[Any] | None = None
+    parsed: Any = None  # the openai client's parse/stream helpers add it to the message they return; ignored
 
 
 class FunctionDef(Strict):

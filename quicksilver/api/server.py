@@ -843,7 +843,7 @@ async def _replay_chat(
         body.update(extra)
         return _sse(body)
 
-    yield chunk({"role": "assistant", "content": ""}, **extension)
+    yield chunk({"role": "assistant", "content": None if fin["content"] is None else ""}, **extension)
     if fin["content"]:
         yield chunk({"content": fin["content"]})
     for j, call in enumerate(fin["tool_calls"] or []):
@@ -877,7 +877,9 @@ async def _stream_chat(
     results: list[GenerationResult | None] = [None] * len(handles)
     try:
         for i in range(len(handles)):
-            first: dict[str, Any] = {"role": "assistant", "content": ""}
+            # an answer that may be only tool calls starts with content null (as OpenAI's do), so a client that
+            # accumulates the deltas gets content None for it, as the non-streamed message has
+            first: dict[str, Any] = {"role": "assistant", "content": None if plan.use_tools else ""}
             # retrieval sources (an extension field) ride on the first chunk, where clients see them early
             yield chunk([choice(i, first)], **({"sources": sources} if sources is not None and i == 0 else {}))
         async for i, u in _merged(handles):
@@ -903,10 +905,10 @@ async def _stream_chat(
                 final_text = fin["content"] or ""
                 if final_text:
                     yield chunk([choice(i, {"content": final_text})])
-            elif not plan.forced_tools:
-                content = fin["content"] or ""
-                rest = streamers[i].finish(content) if fin["tool_calls"] is None or content else ""
-                if rest:
+            else:  # forced tool calls stream no text, but an answer cut by the length limit comes back as content
+                content = fin["content"]
+                rest = streamers[i].finish(content) if content else ""
+                if rest or (content == "" and plan.use_tools):  # "" (not None) after a null first delta
                     yield chunk([choice(i, {"content": rest})])
             for j, call in enumerate(fin["tool_calls"] or []):
                 yield chunk([choice(i, {"tool_calls": [{"index": j, **call}]})])
