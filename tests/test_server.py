@@ -260,7 +260,8 @@ def test_error_paths(served, client):
     r = httpx.post(url + "/v1/chat/completions", content=b"[1, 2]", headers=auth)
     assert r.status_code == 400 and "JSON object" in envelope(r)["message"]
     r = httpx.get(url + "/v1/nothing-here", headers=auth)
-    assert r.status_code == 404 and envelope(r)
+    assert r.status_code == 404 and envelope(r)["message"] == "Invalid URL (GET /v1/nothing-here)"
+    assert envelope(r)["type"] == "invalid_request_error"  # as OpenAI answers an unknown route
     # documented OpenAI fields that stock clients send are accepted
     ok = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, user="u1", logprobs=False,
                                         parallel_tool_calls=True, metadata={"a": "b"}, presence_penalty=0,

@@ -149,9 +149,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(APIError(400, message, param=param, code="invalid_value" if param else None))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-        return error_response(APIError(exc.status_code, str(exc.detail), kind))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":  # no such route: OpenAI's wording
+            message = f"Invalid URL ({request.method} {request.url.path})"
+        return error_response(APIError(exc.status_code, message, "invalid_request_error"))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
