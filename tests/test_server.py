@@ -213,6 +213,10 @@ def test_completions_and_fim(client, model_dir):
     assert streamed == r.choices[0].text
     echo = client.completions.create(model=MODEL, prompt=["ab", "cd"], max_tokens=4, echo=True)
     assert [c.text[:2] for c in echo.choices] == ["ab", "cd"]
+    # an empty prompt is unconditional text (OpenAI accepts it): it starts from the end-of-text token
+    free = client.completions.create(model=MODEL, prompt="", max_tokens=6, temperature=0, echo=True)
+    assert free.usage.prompt_tokens == 1 and free.choices[0].text == dec.generate([tok.eos_id], params.replace(
+        max_tokens=6)).text
 
 
 # -- errors -------------------------------------------------------------------------------------------------

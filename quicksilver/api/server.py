@@ -628,8 +628,8 @@ def _completion_prompts(state: ServerState, req: CompletionRequest) -> list[tupl
                 raise APIError(400, "this model has no fill-in-the-middle tokens; suffix is not supported",
                                param="suffix")
             ids = [fim[0], *ids, fim[1], *tok.encode(req.suffix), fim[2]]
-        if not ids:
-            raise APIError(400, "prompt must not be empty", param="prompt")
+        if not ids:  # unconditional text, as OpenAI allows: start from the end-of-text token, as GPT-2 does
+            ids = [tok.eos_id]
         out.append((ids, echo))
     return out
 
