@@ -265,6 +265,9 @@ def test_error_paths(served, client):
     assert r.status_code == 400 and "JSON object" in envelope(r)["message"]
     r = httpx.get(url + "/v1/nothing-here", headers=auth)
     assert r.status_code == 404 and envelope(r)["message"] == "Invalid URL (GET /v1/nothing-here)"
+    r = httpx.post(url + "/v1/chat/completions", headers=auth, json={
+        "model": MODEL, "messages": HI, "functions": [{"name": "f", "parameters": {"type": "object"}}]})
+    assert r.status_code == 400 and envelope(r)["param"] == "functions" and "'tools'" in envelope(r)["message"]
     assert envelope(r)["type"] == "invalid_request_error"  # as OpenAI answers an unknown route
     # documented OpenAI fields that stock clients send are accepted
     ok = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, user="u1", logprobs=False,

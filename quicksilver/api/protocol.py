@@ -214,9 +214,20 @@ class ChatCompletionRequest(SamplingFields):
     verbosity: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    # OpenAI's deprecated forms of tools/tool_choice: named, so the error says what to send instead
+    functions: list[Any] | None = None
+    function_call: Any = None
     # extensions
     diffusing: StrictBool | None = None
     retrieval: Retrieval | None = None
+
+    @field_validator("functions", "function_call")
+    @classmethod
+    def _deprecated(cls, v: Any, info: Any) -> Any:
+        if v is not None:
+            instead = "tools" if info.field_name == "functions" else "tool_choice"
+            raise ValueError(f"the deprecated {info.field_name!r} is not supported; send {instead!r} instead")
+        return v
 
     @field_validator("reasoning_effort")
     @classmethod
