@@ -43,6 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quicksilver import __version__, structured
+from quicksilver.api.logprobs import chat_logprobs, completion_logprobs
 from quicksilver.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -176,6 +177,13 @@ class ServerState:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def lexicon(self):
+        """Each token's bytes (logprobs report them), shared with the structured-output constraints."""
+        from quicksilver.structured.lexicon import lexicon_for
+
+        return lexicon_for(self.engine.tokenizer)
+
     def check_model(self, name: str) -> str:
         if name not in self.model_names:
             raise APIError(404, f"The model {name!r} does not exist (served: {', '.join(self.model_names)})",
@@ -248,6 +256,26 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
 def _unsupported(req: SamplingFields) -> None:
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
+
+
+def _check_logprobs(state: ServerState, stream: bool | None, param: str) -> None:
+    from quicksilver.decoding.scoring import supports_logprobs
+
+    if stream:
+        raise APIError(400, "logprobs are not supported with stream: true", param=param)
+    if not supports_logprobs(state.engine.loaded.model.config):
+        raise APIError(400, "this model has no left-to-right distribution to report logprobs from (a "
+                            "bidirectional diffusion model)", param=param)
+
+
+async def _score(state: ServerState, prompt_ids: Sequence[int], answer_ids: Sequence[int], start: int,
+                 top: int | None) -> list:
+    """Token log-probabilities of prompt + answer from ``start`` on (slot fillers left out), on the model thread."""
+    from quicksilver.decoding.scoring import token_logprobs
+
+    filler = state.lexicon.filler_id
+    ids = [*prompt_ids, *(t for t in answer_ids if t != filler)]
+    return await state.engine.run_in_worker(token_logprobs, state.engine.loaded.model, ids, start, top or 0)
 
 
 def _submit_all(
@@ -524,8 +552,12 @@ def create_app(
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         state.check_model(req.model)
         _unsupported(req)
-        if req.logprobs or req.top_logprobs:
-            raise APIError(400, "logprobs are not supported", param="logprobs")
+        if req.top_logprobs and not req.logprobs:
+            raise APIError(400, "top_logprobs requires logprobs: true", param="top_logprobs")
+        if req.logprobs:
+            _check_logprobs(state, req.stream, "logprobs")
+            if req.retrieval is not None and req.retrieval.mode == "tool":
+                raise APIError(400, "logprobs are not supported with retrieval mode 'tool'", param="logprobs")
         if req.diffusing and not req.stream:
             raise APIError(400, "diffusing requires stream: true", param="diffusing")
         try:
@@ -556,7 +588,12 @@ def create_app(
                                        "annotations": []}
             if fin["tool_calls"]:
                 message["tool_calls"] = fin["tool_calls"]
-            choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": fin["finish_reason"]})
+            logprobs = None
+            if req.logprobs:
+                scored = await _score(state, plan.prompt_ids, r.token_ids, len(plan.prompt_ids), req.top_logprobs)
+                logprobs = chat_logprobs(state.lexicon, scored, fin["content"])
+            choices.append({"index": i, "message": message, "logprobs": logprobs,
+                            "finish_reason": fin["finish_reason"]})
         body: dict[str, Any] = {
             "id": rid, "object": "chat.completion", "created": created, "model": req.model,
             "system_fingerprint": state.fingerprint, "service_tier": None, "choices": choices,
@@ -572,7 +609,10 @@ def create_app(
         state.check_model(req.model)
         _unsupported(req)
         if req.logprobs is not None:
-            raise APIError(400, "logprobs are not supported", param="logprobs")
+            _check_logprobs(state, req.stream, "logprobs")
+            if req.echo and req.suffix is not None:
+                raise APIError(400, "logprobs of an echoed fill-in-the-middle prompt are not supported",
+                               param="logprobs")
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of is not supported (it must equal n)", param="best_of")
         prompts = _completion_prompts(state, req)
@@ -590,6 +630,13 @@ def create_app(
         results = await _results_or_disconnect(request, handles)
         choices = [{"index": i, "text": echoes[i] + r.text, "logprobs": None, "finish_reason": r.finish_reason}
                    for i, r in enumerate(results)]
+        if req.logprobs is not None:
+            for i, r in enumerate(results):
+                ids = prompts[i // req.n][0]
+                scored = await _score(state, ids, r.token_ids, 1, req.logprobs)  # prompt tokens too (echo)
+                cut = len(ids) - 1
+                choices[i]["logprobs"] = completion_logprobs(
+                    state.lexicon, ids if req.echo else None, scored[:cut], scored[cut:], r.text, req.logprobs > 0)
         return {"id": rid, "object": "text_completion", "created": created, "model": req.model,
                 "system_fingerprint": state.fingerprint, "choices": choices,
                 "usage": _usage(prompt_tokens, results, req.n)}
