@@ -118,3 +118,20 @@ def test_logprobs_refusals(causal_server, tmp_path):
         bidi = openai.OpenAI(base_url=other, api_key="x", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="left-to-right"):
             bidi.chat.completions.create(model=bidi.models.list().data[0].id, messages=HI, logprobs=True)
+
+
+def test_max_tokens_zero_scores_the_prompt(causal_server):
+    """``max_tokens: 0`` with ``echo`` and ``logprobs``: the prompt's log-likelihood, nothing generated (how
+    evaluation harnesses score a continuation through the legacy endpoint)."""
+    url, lm = causal_server
+    client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    model = client.models.list().data[0].id
+    text = "The quick brown fox jumps over the lazy dog."
+    r = client.completions.create(model=model, prompt=[text, "def add(a, b):"], max_tokens=0, echo=True, logprobs=1)
+    assert [c.text for c in r.choices] == [text, "def add(a, b):"] and r.usage.completion_tokens == 0
+    ids = lm.tokenizer.encode(text)
+    want = [s.logprob for s in token_logprobs(lm.model, ids, 1)]
+    got = r.choices[0].logprobs.token_logprobs
+    assert got[0] is None and len(got) == len(ids)
+    assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got[1:], want, strict=True))
+    assert client.completions.create(model=model, prompt="abc", max_tokens=0).choices[0].text == ""

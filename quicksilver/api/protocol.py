@@ -243,7 +243,8 @@ class CompletionRequest(SamplingFields):
     echo: StrictBool | None = False
     best_of: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
-    max_tokens: StrictInt | None = Field(default=16, ge=1)  # OpenAI's default for legacy completions
+    # OpenAI's default for legacy completions; 0 with echo scores the prompt alone (logprobs), generating nothing
+    max_tokens: StrictInt | None = Field(default=16, ge=0)
 
 
 # -- conversions between OpenAI shapes and our chat template -------------------------------------------

@@ -616,6 +616,8 @@ def create_app(
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of is not supported (it must equal n)", param="best_of")
         prompts = _completion_prompts(state, req)
+        if req.max_tokens == 0:  # score the prompts only (echo + logprobs), as OpenAI's legacy endpoint allowed
+            return await _score_prompts(state, req, prompts)
         longest = max(len(ids) for ids, _ in prompts)
         params = build_params(req, engine.loaded.defaults, longest, engine.context_length, req.max_tokens,
                               state.tokenizer.vocab_size, prompt_param="prompt")
@@ -679,6 +681,30 @@ def _completion_prompts(state: ServerState, req: CompletionRequest) -> list[tupl
             ids = [tok.eos_id]
         out.append((ids, echo))
     return out
+
+
+async def _score_prompts(state: ServerState, req: CompletionRequest, prompts: list[tuple[list[int], str]]) -> dict:
+    """``max_tokens: 0``: no generation; each prompt echoed (when asked) with its tokens' log-probabilities."""
+    if req.stream:
+        raise APIError(400, "max_tokens 0 is not supported with stream: true", param="max_tokens")
+    if req.suffix is not None:
+        raise APIError(400, "max_tokens 0 is not supported with suffix", param="max_tokens")
+    choices = []
+    for ids, echo in prompts:
+        if len(ids) > state.engine.context_length:
+            raise APIError(400, f"This model's maximum context length is {state.engine.context_length} tokens, but "
+                                f"the prompt has {len(ids)} tokens.", param="prompt", code="context_length_exceeded")
+        logprobs = None
+        if req.logprobs is not None and req.echo:
+            scored = await _score(state, ids, [], 1, req.logprobs)
+            logprobs = completion_logprobs(state.lexicon, ids, scored, [], "", req.logprobs > 0)
+        for _ in range(req.n):
+            choices.append({"index": len(choices), "text": echo if req.echo else "", "logprobs": logprobs,
+                            "finish_reason": "length"})
+    prompt_tokens = sum(len(ids) for ids, _ in prompts)
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": req.model, "system_fingerprint": state.fingerprint, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}}
 
 
 async def _retrieve(state: ServerState, messages: list[dict[str, Any]], k: int):
