@@ -85,6 +85,14 @@ def test_chat_logprobs_cover_the_content(causal_server):
         assert e.top_logprobs[0].logprob >= e.logprob - 1e-6
     plain = client.chat.completions.create(model=model, messages=HI, max_tokens=4)
     assert plain.choices[0].logprobs is None
+    # streamed: the same entries, in one chunk once the answer is whole (clients concatenate chunks' lists)
+    streamed = []
+    for c in client.chat.completions.create(model=model, messages=HI, max_tokens=12, temperature=0, logprobs=True,
+                                            top_logprobs=3, logit_bias={str(k): v for k, v in NO_SPECIALS.items()},
+                                            stream=True):
+        if c.choices and c.choices[0].logprobs is not None:
+            streamed += c.choices[0].logprobs.content
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
 
 
 def test_completion_logprobs_with_echo(causal_server):
@@ -110,7 +118,7 @@ def test_logprobs_refusals(causal_server, tmp_path):
     client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
     model = client.models.list().data[0].id
     with pytest.raises(openai.BadRequestError, match="stream"):
-        client.chat.completions.create(model=model, messages=HI, logprobs=True, stream=True)
+        client.completions.create(model=model, prompt="abc", logprobs=1, stream=True)
     with pytest.raises(openai.BadRequestError, match="top_logprobs requires logprobs"):
         client.chat.completions.create(model=model, messages=HI, top_logprobs=2)
     folder = save_tiny_model(tmp_path / "bidi", mode="bidirectional")

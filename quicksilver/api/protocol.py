@@ -2,7 +2,7 @@
 
 Documented OpenAI fields that a stock client may send but that we do not implement are accepted and
 ignored when they are at their neutral value (e.g. ``user``, ``metadata``, ``parallel_tool_calls``); a value we
-cannot honour (``logprobs`` with ``stream``, or on a bidirectional model) is a 400 from the server, and a
+cannot honour (``logprobs`` on a bidirectional model) is a 400 from the server, and a
 field OpenAI does not define is a 400 "unknown field", except the few that the ``openai`` client itself puts on a
 message it returned (``annotations``, ``parsed``, a call's ``index`` and ``parsed_arguments``), which come back
 when a client appends that message to its conversation. Extensions: ``diffusing`` (canvas snapshots while

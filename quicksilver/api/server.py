@@ -258,11 +258,9 @@ def _unsupported(req: SamplingFields) -> None:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
 
 
-def _check_logprobs(state: ServerState, stream: bool | None, param: str) -> None:
+def _check_logprobs(state: ServerState, param: str) -> None:
     from quicksilver.decoding.scoring import supports_logprobs
 
-    if stream:
-        raise APIError(400, "logprobs are not supported with stream: true", param=param)
     if not supports_logprobs(state.engine.loaded.model.config):
         raise APIError(400, "this model has no left-to-right distribution to report logprobs from (a "
                             "bidirectional diffusion model)", param=param)
@@ -555,7 +553,7 @@ def create_app(
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs: true", param="top_logprobs")
         if req.logprobs:
-            _check_logprobs(state, req.stream, "logprobs")
+            _check_logprobs(state, "logprobs")
             if req.retrieval is not None and req.retrieval.mode == "tool":
                 raise APIError(400, "logprobs are not supported with retrieval mode 'tool'", param="logprobs")
         if req.diffusing and not req.stream:
@@ -609,7 +607,10 @@ def create_app(
         state.check_model(req.model)
         _unsupported(req)
         if req.logprobs is not None:
-            _check_logprobs(state, req.stream, "logprobs")
+            _check_logprobs(state, "logprobs")
+            if req.stream:
+                raise APIError(400, "logprobs are not supported with stream: true on /v1/completions",
+                               param="logprobs")
             if req.echo and req.suffix is not None:
                 raise APIError(400, "logprobs of an echoed fill-in-the-middle prompt are not supported",
                                param="logprobs")
@@ -987,6 +988,10 @@ async def _stream_chat(
                     yield chunk([choice(i, {"content": rest})])
             for j, call in enumerate(fin["tool_calls"] or []):
                 yield chunk([choice(i, {"tool_calls": [{"index": j, **call}]})])
+            if req.logprobs:  # known once the answer is whole: one chunk carries them all (clients concatenate)
+                scored = await _score(state, plan.prompt_ids, u.result.token_ids, len(plan.prompt_ids),
+                                      req.top_logprobs)
+                yield chunk([{**choice(i, {}), "logprobs": chat_logprobs(state.lexicon, scored, fin["content"])}])
             yield chunk([choice(i, {}, fin["finish_reason"])])
         if include_usage:
             done = [r for r in results if r is not None]
