@@ -542,6 +542,7 @@ def test_forced_tool_call_cut_by_length_streams_its_text(served, client, fake_st
     assert texts == {0: plain.choices[0].message.content} and finishes == {0: ["length"]}
 
 
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the openai client dumping its own parsed model
 def test_returned_assistant_message_can_be_sent_back(client, fake_structured):
     """The documented agent loop appends the returned message to the conversation. The client serializes what it
     parsed: ``annotations`` (which we return), and from its parse/stream helpers ``parsed``, a call's ``index`` and
