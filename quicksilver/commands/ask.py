@@ -37,9 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_retrieval:
         from quicksilver.rag.store import Index
 
-        with Index(args.index, create=False) as index:  # an answer with no passages would look like one with them
-            if not index.stats()["chunks"]:
-                raise LookupError(f"{args.index}: the index is empty (add documents with `quicksilver index add`)")
+        with Index(args.index, create=False) as index:
+            index.require_documents()
         messages, sources = augment_messages(args.index, messages, args.k, args.mode)
     if args.show_prompt:
         print(json.dumps(messages, ensure_ascii=False, indent=2), file=sys.stderr)

@@ -74,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
             if not removed:
                 raise LookupError(f"no indexed document matches {' '.join(args.paths)}")
         elif args.action == "search":
-            if not index.stats()["chunks"]:
-                raise LookupError(f"{args.index}: the index is empty (add documents with `quicksilver index add`)")
+            index.require_documents()
             started = time.perf_counter()
             hits = index.search(args.query, k=args.k, mode=args.mode)
             ms = 1000 * (time.perf_counter() - started)

@@ -320,6 +320,11 @@ class Index:
         return {"path": str(self.path), "documents": docs, "chunks": chunks, "embedder": self._meta("embedder"),
                 "dim": int(self._meta("dim") or 0), "bytes": self.path.stat().st_size if self.path.exists() else 0}
 
+    def require_documents(self) -> None:
+        """LookupError when nothing is indexed: a search or an answer with no passages would look like one with them."""
+        if not self.stats()["chunks"]:
+            raise LookupError(f"{self.path}: the index is empty (add documents with `quicksilver index add`)")
+
     def check(self) -> list[str]:
         """Consistency problems (empty list = consistent): chunk counts, FTS rows, vector sizes."""
         problems = []
