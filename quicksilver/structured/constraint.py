@@ -93,6 +93,17 @@ class _Run:
             self.slot_at[s.offset : s.offset + s.length] = i
 
 
+def _resized(layout: Layout, s: int, length: int) -> Layout:
+    """``layout`` with slot ``s`` cut or widened to ``length`` positions; what follows it moves with its end."""
+    slot = layout.slots[s]
+    delta = length - slot.length
+    end = slot.offset + slot.length
+    tokens = layout.tokens[: slot.offset + min(length, slot.length)] + [-1] * max(delta, 0) + layout.tokens[end:]
+    slots = [*layout.slots[:s], dataclasses.replace(slot, length=length)]
+    slots += [dataclasses.replace(x, offset=x.offset + delta) for x in layout.slots[s + 1 :]]
+    return Layout(tokens, slots)
+
+
 def _concat(head: Layout, tail: Layout) -> Layout:
     shift = head.length
     slots = list(head.slots) + [
@@ -396,13 +407,7 @@ class StructuredConstraint(Constraint):
         spare = (limit - run.layout.length) if limit is not None else 0
         if spare <= 0:
             return
-        s = run.active
-        slot = slots[s]
-        end = slot.offset + slot.length
-        tokens = run.layout.tokens[:end] + [-1] * spare + run.layout.tokens[end:]
-        widened = [*slots[:s], dataclasses.replace(slot, length=slot.length + spare)]
-        widened += [dataclasses.replace(x, offset=x.offset + spare) for x in slots[s + 1 :]]
-        run.layout = Layout(tokens, widened)
+        run.layout = _resized(run.layout, run.active, slots[run.active].length + spare)
         run.index()
 
     def _close_slot(self, state: DecodeState, run: _Run, length: int, state_cols: dict) -> dict[int, int]:
@@ -410,12 +415,8 @@ class StructuredConstraint(Constraint):
         s = run.active
         layout = run.layout
         slot = layout.slots[s]
-        cut = slot.length - length
-        if cut:
-            tokens = layout.tokens[: slot.offset + length] + layout.tokens[slot.offset + slot.length :]
-            slots = [*layout.slots[:s], dataclasses.replace(slot, length=length)]
-            slots += [dataclasses.replace(x, offset=x.offset - cut) for x in layout.slots[s + 1 :]]
-            layout = Layout(tokens, slots)
+        if length != slot.length:
+            layout = _resized(layout, s, length)
         if not run.complete and s == run.plan.choice_slot:
             cols = state_cols.get(s)
             ids = ([int(slot.automaton.token_ids[c]) for c in cols[:length]] if cols is not None
