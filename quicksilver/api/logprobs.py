@@ -25,9 +25,9 @@ def _text(lex: Lexicon, token_id: int) -> tuple[str, bytes]:
 def content_tokens(lex: Lexicon, ids: Sequence[int], content: str) -> int:
     """How many of the answer tokens ``ids`` make up ``content`` (special tokens write nothing; a stop string may
     end the content inside a token, which then still counts)."""
-    written = 0
+    written, size = 0, len(content.encode("utf-8"))
     for n, token_id in enumerate(ids):
-        if written >= len(content.encode("utf-8")):
+        if written >= size:
             return n
         written += len(lex.token_bytes(token_id))
     return len(ids)

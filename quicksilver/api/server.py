@@ -203,8 +203,7 @@ def build_params(
 ) -> SamplingParams:
     room = context - prompt_len
     if room < 1:
-        raise APIError(400, f"This model's maximum context length is {context} tokens, but the prompt has "
-                            f"{prompt_len} tokens.", param=prompt_param, code="context_length_exceeded")
+        raise _prompt_too_long(context, prompt_len, prompt_param)
     if max_tokens is not None and max_tokens > room:
         raise APIError(400, f"This model's maximum context length is {context} tokens. However, you requested "
                             f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "
@@ -237,6 +236,11 @@ def build_params(
         return defaults.replace(**changes)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
+
+
+def _prompt_too_long(context: int, prompt_len: int, param: str) -> APIError:
+    return APIError(400, f"This model's maximum context length is {context} tokens, but the prompt has "
+                         f"{prompt_len} tokens.", param=param, code="context_length_exceeded")
 
 
 def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
@@ -636,8 +640,9 @@ def create_app(
         if req.logprobs is not None:
             for i, r in enumerate(results):
                 ids = prompts[i // req.n][0]
-                scored = await _score(state, ids, r.token_ids, 1, req.logprobs)  # prompt tokens too (echo)
-                cut = len(ids) - 1
+                start = 1 if req.echo else len(ids)  # the echoed prompt's tokens are scored too
+                scored = await _score(state, ids, r.token_ids, start, req.logprobs)
+                cut = len(ids) - start
                 choices[i]["logprobs"] = completion_logprobs(
                     state.lexicon, ids if req.echo else None, scored[:cut], scored[cut:], r.text, req.logprobs > 0)
         return {"id": rid, "object": "text_completion", "created": created, "model": req.model,
@@ -693,8 +698,7 @@ async def _score_prompts(state: ServerState, req: CompletionRequest, prompts: li
     choices = []
     for ids, echo in prompts:
         if len(ids) > state.engine.context_length:
-            raise APIError(400, f"This model's maximum context length is {state.engine.context_length} tokens, but "
-                                f"the prompt has {len(ids)} tokens.", param="prompt", code="context_length_exceeded")
+            raise _prompt_too_long(state.engine.context_length, len(ids), "prompt")
         logprobs = None
         if req.logprobs is not None and req.echo:
             scored = await _score(state, ids, [], 1, req.logprobs)
