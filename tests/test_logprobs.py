@@ -111,6 +111,16 @@ def test_completion_logprobs_with_echo(causal_server):
     assert "".join(no_echo.choices[0].logprobs.tokens) == no_echo.choices[0].text
     assert no_echo.choices[0].logprobs.top_logprobs is None
     assert no_echo.choices[0].logprobs.token_logprobs == lp.token_logprobs[-len(no_echo.choices[0].logprobs.tokens):]
+    # streamed: the same logprobs in one chunk per choice once its answer is whole, the text unchanged
+    text_parts, streamed = [], []
+    for c in client.completions.create(model=model, prompt="def add(a, b):", max_tokens=6, temperature=0,
+                                       logprobs=2, echo=True, stream=True):
+        text_parts.append(c.choices[0].text)
+        if c.choices[0].logprobs is not None:
+            streamed.append(c.choices[0].logprobs)
+    assert "".join(text_parts) == text and len(streamed) == 1
+    assert (streamed[0].tokens, streamed[0].token_logprobs, streamed[0].text_offset) == (
+        lp.tokens, lp.token_logprobs, lp.text_offset)
 
 
 def test_logprobs_refusals(causal_server, tmp_path):
@@ -118,7 +128,7 @@ def test_logprobs_refusals(causal_server, tmp_path):
     client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
     model = client.models.list().data[0].id
     with pytest.raises(openai.BadRequestError, match="stream"):
-        client.completions.create(model=model, prompt="abc", logprobs=1, stream=True)
+        client.completions.create(model=model, prompt="abc", logprobs=1, max_tokens=0, echo=True, stream=True)
     with pytest.raises(openai.BadRequestError, match="top_logprobs requires logprobs"):
         client.chat.completions.create(model=model, messages=HI, top_logprobs=2)
     folder = save_tiny_model(tmp_path / "bidi", mode="bidirectional")

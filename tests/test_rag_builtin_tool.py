@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from quicksilver.agent.local_server import serve_in_thread
-from quicksilver.api import server as server_module
+from quicksilver.api import search_rounds
 from quicksilver.api.server import create_app
 from quicksilver.loading import load_model
 from quicksilver.rag import Index
@@ -102,7 +102,7 @@ def test_forced_search_runs_on_the_server_and_feeds_the_next_round(client, promp
 
 def test_search_rounds_are_bounded(client, prompts, monkeypatch):
     # keep the search forced in every round that offers it: only the budget can stop the loop
-    monkeypatch.setattr(server_module, "_tool_choice_after_search", lambda choice, tools, name: choice)
+    monkeypatch.setattr(search_rounds, "_tool_choice_after_search", lambda choice, tools, name: choice)
     r = chat(client, tool_choice=FORCE_SEARCH, retrieval={"k": 1, "mode": "tool", "max_search_rounds": 3})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -131,7 +131,7 @@ def test_client_tool_call_is_returned_after_a_search(client, prompts):
 
 def test_blank_query_becomes_an_error_observation(client, prompts):
     state = client.app.state.qs
-    assert asyncio.run(server_module._run_search(state, {"query": "  "}, 2, 1)) == (
+    assert asyncio.run(search_rounds._run_search(state, {"query": "  "}, 2, 1)) == (
         "error: the search query is empty", [])
     r = chat(client, tool_choice=FORCE_SEARCH, temperature=0.0)  # greedy: this model's query is blank
     body = r.json()

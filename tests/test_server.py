@@ -390,7 +390,7 @@ def fake_structured(monkeypatch):
     end to end whatever the constraint layer's state."""
     import types
 
-    from quicksilver.api import server as server_module
+    from quicksilver.api import chat as chat_module
 
     outputs = {"tool": '<|tool_calls|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
                        '{"name": "get_time", "arguments": {"tz": "CET"}}]',
@@ -400,7 +400,7 @@ def fake_structured(monkeypatch):
         json_schema_constraint=lambda schema, tok, **kw: PinText(outputs["json"], tok).constraint,
         json_object_constraint=lambda tok, max_tokens=None: PinText(outputs["json"], tok).constraint,
     )
-    monkeypatch.setattr(server_module, "_structured", lambda: fake)
+    monkeypatch.setattr(chat_module, "_structured", lambda: fake)
     return outputs
 
 
@@ -503,9 +503,9 @@ def test_stream_helper_final_message_equals_non_streamed(client, fake_structured
     has content None (the first delta's content was "" and made it an empty string), its calls and finish."""
     kwargs = dict(model=MODEL, messages=HI, max_tokens=100, tools=[WEATHER, TIME], tool_choice=choice, n=2)
     if choice == "auto":  # the stand-in pins the same calls where the model may choose
-        from quicksilver.api import server as server_module
+        from quicksilver.api import chat as chat_module
 
-        server_module._structured().auto_tool_constraint = lambda tools, tok, max_tokens=None: PinText(
+        chat_module._structured().auto_tool_constraint = lambda tools, tok, max_tokens=None: PinText(
             fake_structured["tool"], tok).constraint
     plain = client.chat.completions.create(**kwargs)
     final, events = helper_final(client, **kwargs)
@@ -739,7 +739,7 @@ def test_auto_tool_call_in_free_output_becomes_tool_calls(served):
     """tool_choice auto: a valid <|tool_calls|> answer becomes tool_calls (content before it stays content);
     an invalid one comes back as plain content."""
     from quicksilver.api.protocol import ChatCompletionRequest
-    from quicksilver.api.server import ChatPlan
+    from quicksilver.api.chat import ChatPlan
     from quicksilver.decoding import DecodeStats, GenerationResult
 
     state = served[1].state.qs

@@ -4,8 +4,8 @@ Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "ref
 the message content. Legacy completions: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, the echoed
 prompt's tokens first (the very first has no log-probability: nothing comes before it). The numbers are the model's
 own distribution, before temperature, penalties and ``logit_bias`` (as vLLM reports them by default), computed by one
-extra forward over prompt + answer once the answer is done (a streamed chat answer gets them in one chunk at its
-end; streamed legacy completions do not get them).
+extra forward over prompt + answer once the answer is done (a streamed answer gets them in one chunk per choice at
+its end).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which constraint a chat request decodes under: one rule, shared by the server and the evaluator.
 
-The server (``quicksilver/api/server.py``) and ``quicksilver eval --constrained`` both call
+The server (``quicksilver/api/chat.py``) and ``quicksilver eval --constrained`` both call
 :func:`constraint_factory`, so the eval measures exactly what an API client gets for the same request.
 """
 
