@@ -219,6 +219,27 @@ def test_completions_and_fim(client, model_dir):
         max_tokens=6)).text
 
 
+def test_mercury_fim_route(served, client, model_dir):
+    """``/v1/fim/completions`` answers as ``/v1/completions`` with the same suffix; the suffix is required and,
+    without max_tokens, the model's budget applies instead of the legacy 16."""
+    url, _ = served
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "prompt": "def add(a, b):\n", "suffix": "\nprint(add(1, 2))", "temperature": 0}
+    legacy = client.completions.create(**body, max_tokens=12)
+    r = httpx.post(url + "/v1/fim/completions", json={**body, "max_tokens": 12}, headers=auth)
+    assert r.status_code == 200 and r.json()["object"] == "text_completion"
+    assert r.json()["choices"][0]["text"] == legacy.choices[0].text
+    lm = load_model(str(model_dir))
+    fim_ids = ([lm.tokenizer.token_id(FIM_PREFIX)] + lm.tokenizer.encode(body["prompt"])
+               + [lm.tokenizer.token_id(FIM_SUFFIX)] + lm.tokenizer.encode(body["suffix"])
+               + [lm.tokenizer.token_id(FIM_MIDDLE)])
+    full = Decoder(lm.model, lm.tokenizer, lm.defaults).generate(fim_ids, lm.defaults.replace(temperature=0.0))
+    r = httpx.post(url + "/v1/fim/completions", json=body, headers=auth)
+    assert r.json()["choices"][0]["text"] == full.text and r.json()["usage"]["completion_tokens"] > 16
+    missing = httpx.post(url + "/v1/fim/completions", json={"model": MODEL, "prompt": "x"}, headers=auth)
+    assert missing.status_code == 400 and envelope(missing)["param"] == "suffix"
+
+
 # -- errors -------------------------------------------------------------------------------------------------
 def envelope(resp: httpx.Response) -> dict:
     body = resp.json()

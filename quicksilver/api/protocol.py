@@ -247,6 +247,15 @@ class CompletionRequest(SamplingFields):
     max_tokens: StrictInt | None = Field(default=16, ge=0)
 
 
+class FimCompletionRequest(CompletionRequest):
+    """Mercury's ``POST /v1/fim/completions``: ``prompt`` is the code before the gap, ``suffix`` (required, may be
+    empty) the code after it; the answer is the middle. Without ``max_tokens`` the model's default budget applies
+    (the legacy endpoint's 16 would cut most fills)."""
+
+    suffix: str
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+
+
 # -- conversions between OpenAI shapes and our chat template -------------------------------------------
 class ProtocolError(ValueError):
     """A request that is well-formed JSON but cannot be served as asked (HTTP 400)."""

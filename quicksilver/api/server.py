@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions`` (:mod:`quicksilver.api.chat`, and :mod:`quicksilver.api.search_rounds` for
 the built-in search tool), ``POST /v1/completions`` (:mod:`quicksilver.api.completions`, with ``suffix`` for
-fill-in-the-middle), ``GET /v1/models``, ``GET /health``, ``GET /metrics``; ``POST /v1/embeddings`` when the RAG
+fill-in-the-middle; ``POST /v1/fim/completions`` is the same with a required suffix, as Mercury serves it),
+``GET /v1/models``, ``GET /health``, ``GET /metrics``; ``POST /v1/embeddings`` when the RAG
 module is installed. Every error is an OpenAI envelope (:mod:`quicksilver.api.errors`). Request fields become
 decoding parameters in :mod:`quicksilver.api.params`; :mod:`quicksilver.api.dispatch` hands requests to the engine.
 """
@@ -23,7 +24,7 @@ from quicksilver import __version__
 from quicksilver.api import chat, search_rounds
 from quicksilver.api import completions as completions_route
 from quicksilver.api.errors import APIError, install_error_handlers
-from quicksilver.api.protocol import ChatCompletionRequest, CompletionRequest
+from quicksilver.api.protocol import ChatCompletionRequest, CompletionRequest, FimCompletionRequest
 from quicksilver.api.state import ServerState
 from quicksilver.checkpoint import LoadedModel
 from quicksilver.decoding import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFIX_CACHE_MB
@@ -120,6 +121,10 @@ def create_app(
 
     @v1.post("/completions")
     async def completions(req: CompletionRequest, request: Request):
+        return await completions_route.completion(state, req, request)
+
+    @v1.post("/fim/completions")  # Mercury's fill-in-the-middle route: /v1/completions with a required suffix
+    async def fim_completions(req: FimCompletionRequest, request: Request):
         return await completions_route.completion(state, req, request)
 
     app.include_router(v1)
