@@ -251,6 +251,20 @@ def _row_slice(x: torch.Tensor, start: int, end: int | None) -> torch.Tensor:
     return x[0, start:end].unsqueeze(0)
 
 
+def decode_step_outputs(
+    model: Transformer, hidden: torch.Tensor, keys: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
+    key_positions: torch.Tensor, query_positions: torch.Tensor, position_bound: int,
+) -> torch.Tensor:
+    """A copy-head model's outputs [Q, V] for one request's Q rows in a decoding step: ``hidden`` [Q, d] at
+    ``query_positions`` [Q], pointing into that request's last-layer ``keys`` [1, KV, S, D] (holding ``tokens``
+    [S] at ``key_positions`` [S]) as ``visible`` [Q, S] allows. What :meth:`Transformer.output_logits` gives for
+    all rows, without its data-dependent branches, so :func:`quicksilver.variants.compile_layers` can compile it
+    (``position_bound``: more than the largest key position + 1)."""
+    ctx = CopyContext(query_positions[None], keys, tokens[None], visible[None], key_positions[None])
+    pointers = model.copy_head._group_pointers(hidden, ctx, 0, None, position_bound)
+    return CopyHead.mix(model.logits(hidden), pointers)
+
+
 def split_attention_inputs(layer, layer_draft, x, cos, sin, n_clean: int):
     """:meth:`Block.attention_inputs` of rows ``x`` [1, N, d] whose first ``n_clean`` rows are clean (shared weights)
     and the rest noisy (``layer_draft``'s weights): queries, keys and values of all N rows, in order."""
@@ -472,21 +486,26 @@ class CopyHead(nn.Module):
         return Pointers(torch.cat([p.probs for p in parts]), torch.cat([p.gate for p in parts]),
                         torch.cat([p.values for p in parts]))
 
-    def _group_pointers(self, h: torch.Tensor, ctx: CopyContext, g: int, rows: torch.Tensor) -> Pointers:
-        """The pointers of the rows ``rows`` [Q] (bool) of group ``g``, whose hidden states are ``h`` [n, d]."""
+    def _group_pointers(self, h: torch.Tensor, ctx: CopyContext, g: int, rows: torch.Tensor | None,
+                        position_bound: int | None = None) -> Pointers:
+        """The pointers of the rows ``rows`` [Q] (bool; None: all of them) of group ``g``, whose hidden states are
+        ``h`` [n, d]. ``position_bound``: more than the largest key position (see :meth:`_following`)."""
         n = h.shape[0]
         q = self.q_proj(h).view(n, self.n_pointers, self.head_dim).transpose(0, 1)  # [P, n, hd]
-        cos, sin = rope_cos_sin(ctx.query_positions[g][rows][None], self.rot_dim, self.rope_theta, q.dtype)
+        query_positions, visible = ctx.query_positions[g], ctx.visible[g]
+        if rows is not None:
+            query_positions, visible = query_positions[rows], visible[rows]  # [n], [n, S]
+        cos, sin = rope_cos_sin(query_positions[None], self.rot_dim, self.rope_theta, q.dtype)
         q = apply_rope(q, cos[0], sin[0])
         keys = ctx.keys[g].repeat(self.n_pointers // self.n_kv, 1, 1)  # pointer p reads key/value head p % KV
         scores = (q.float() @ keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [P, n, S]
-        visible, tokens = ctx.visible[g][rows], ctx.tokens[g]  # [n, S], [S]
+        tokens = ctx.tokens[g]  # [S]
         copyable = visible & (tokens != self.mask_token_id)
         allowed, values = [copyable] * self.n_kv, [tokens.expand(n, -1)] * self.n_kv
         if self.n_pointers > self.n_kv:
             if ctx.key_positions is None:
                 raise ValueError("induction pointers need the keys' positions (CopyContext.key_positions)")
-            nxt = self._following(ctx.key_positions[g], tokens, visible)
+            nxt = self._following(ctx.key_positions[g], tokens, visible, position_bound)
             allowed += [copyable & (nxt != self.mask_token_id)] * self.n_kv
             values += [nxt] * self.n_kv
         allowed = torch.stack(allowed, 1)  # [n, P, S]
@@ -498,13 +517,16 @@ class CopyHead(nn.Module):
         gate_logits = torch.cat([gate_logits[..., :1], gate_logits[..., 1:].masked_fill(empty, float("-inf"))], -1)
         return Pointers(pointers, torch.softmax(gate_logits, dim=-1), torch.stack(values, 1))
 
-    def _following(self, positions: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    def _following(self, positions: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
+                   position_bound: int | None = None) -> torch.Tensor:
         """[n, S]: for rows that see the keys ``visible`` [n, S] (at ``positions`` [S], holding ``tokens`` [S]), the
         token at each key's position + 1 as the row sees it (the mask token where the row sees none there). A row
         sees at most one key per position, but not always in the next column: a training row over [x_t || x_0]
-        reads the clean keys before its block and the noisy ones in it."""
+        reads the clean keys before its block and the noisy ones in it. ``position_bound`` (at least the largest
+        position + 2; default exactly that) sizes the scratch table, so a compiled caller need not read it."""
         n = visible.shape[0]
-        size = int(positions.max()) + 2  # positions 0 .. max + 1, then a slot for the keys a row does not see
+        # positions 0 .. max + 1, then a slot for the keys a row does not see
+        size = int(positions.max()) + 2 if position_bound is None else position_bound
         slot = torch.where(visible, positions, size)  # [n, S]
         seen = torch.full((n, size + 1), self.mask_token_id, dtype=tokens.dtype, device=positions.device)
         seen.scatter_(1, slot, tokens.expand(n, -1))
@@ -545,6 +567,7 @@ class Transformer(nn.Module):
                              if cfg.draft_layers else None)
         # a layer's two weight sets over one request's rows; quicksilver.variants.compile_layers compiles these
         self.split_inputs, self.split_outputs = split_attention_inputs, split_attention_outputs
+        self.step_outputs = decode_step_outputs  # a copy head's outputs in a decoding step; compiled alike
         self.apply(self._init_weights)
         if self.copy_head is not None:
             self.copy_head.reset_parameters()

@@ -41,6 +41,7 @@ from quicksilver.model import (
     MoE,
     SwiGLU,
     Transformer,
+    decode_step_outputs,
     split_attention_inputs,
     split_attention_outputs,
 )
@@ -186,6 +187,8 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
     if model.draft_layers is not None:  # one request's clean and noisy rows: both weight sets in one graph
         model.split_inputs = torch.compile(_own_code(_split_inputs), dynamic=True, options=options)
         model.split_outputs = torch.compile(_own_code(_split_outputs), dynamic=True, options=options)
+    if model.copy_head is not None:  # the copy head's pointers and mixture: dozens of small eager ops per step
+        model.step_outputs = torch.compile(_own_code(_step_outputs), dynamic=True, options=options)
     if warm_up:
         warm_up_layers(model)
     return model
@@ -211,6 +214,15 @@ def warm_up_layers(model: Transformer) -> None:
     if model.draft_layers is not None:  # a self-speculative step: clean rows, then noisy ones through the tower
         model.forward_packed(ids, positions + n, [n], [None], [past], output_rows=[torch.arange(2, 9)],
                              draft_rows=torch.arange(n, device=device) >= 4)
+    if model.copy_head is not None:  # outputs of a prompt's rows, then of one row and of several over more keys
+        last_keys = past[-1][0]  # [1, KV, n, D]
+        for rows, keys in ((5, n), (1, n), (1, 1), (3, n + 5), (1, n + 5)):
+            positions = torch.arange(keys, device=device)
+            model.step_outputs(
+                model, torch.zeros(rows, model.config.hidden_size, dtype=model.dtype, device=device),
+                last_keys.new_zeros(*last_keys.shape[:2], keys, last_keys.shape[-1]), positions % n,
+                torch.ones(rows, keys, dtype=torch.bool, device=device), positions, positions[keys - rows:].clone(),
+                keys + 2)
 
 
 def _own_code(fn: types.FunctionType) -> types.FunctionType:
@@ -232,7 +244,7 @@ def _guard_inputs_only(guards: list) -> list[bool]:
     its own graphs (:func:`_own_code`), a served model's layers do not change, and the layers that share a compiled
     function have the same structure (:func:`_structure`; head counts and norms are one per model; a
     mixture-of-experts MLP is not compiled)."""
-    return [not (g.is_global or g.name.startswith("layer")) for g in guards]
+    return [not (g.is_global or g.name.startswith(("layer", "model"))) for g in guards]
 
 
 def _attention_inputs(layer, x, cos, sin, sel=None):
@@ -241,6 +253,10 @@ def _attention_inputs(layer, x, cos, sin, sel=None):
 
 def _attention_outputs(layer, x, y):
     return type(layer).attention_outputs(layer, x, y)
+
+
+def _step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, position_bound):
+    return decode_step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, position_bound)
 
 
 def _split_inputs(layer, layer_draft, x, cos, sin, n_clean):  # (parameter names: see _guard_inputs_only)

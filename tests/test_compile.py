@@ -17,15 +17,22 @@ from tests.exact_cache_cases import KINDS, SYSTEM, peaked
 PROMPTS = ("hello", "def add(a, b):", SYSTEM + "The quick brown fox")
 
 
-# (cache kind, precision): the default's cases, and the twin's in both of its int8 precisions
-CASES = [("speculative", "int8"), ("speculative", "int8mix"), ("causal", "int8"), ("causal", "int8w")]
+# (cache kind, precision): the default's cases, and the twin's in both of its int8 precisions; "+copy": with the
+# shipped models' copy head (copy and induction pointers), whose step outputs are compiled too
+CASES = [("speculative", "int8"), ("speculative", "int8mix"), ("causal", "int8"), ("causal", "int8w"),
+         ("speculative+copy", "int8"), ("causal+copy", "int8")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
 def pair(request):
     kind, precision = request.param
-    mode, options, policy = KINDS[kind]
-    model = peaked(mode, **options)
+    mode, options, policy = KINDS[kind.removesuffix("+copy")]
+    copy = kind.endswith("+copy")
+    model = peaked(mode, **options, **({"copy_head": True, "copy_head_induction": True} if copy else {}))
+    if copy:  # pointers that matter: random queries and a gate that gives them a good share of the mass
+        with torch.no_grad():
+            torch.nn.init.normal_(model.copy_head.q_proj.weight, std=0.5, generator=torch.Generator().manual_seed(3))
+            model.copy_head.gate.bias.zero_()
     return as_variant(model, precision), as_variant(model, precision + "+compile"), policy
 
 

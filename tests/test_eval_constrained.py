@@ -114,9 +114,9 @@ ANSWERS = [
 
 def _server_view(tok, request: ClientRequest, result: GenerationResult) -> tuple[str, bool]:
     """(text a grader would see, whether the server answered an error) via the server's own ChatPlan."""
-    from quicksilver.api.protocol import ChatCompletionRequest
     from quicksilver.api.chat import ChatPlan
     from quicksilver.api.errors import APIError
+    from quicksilver.api.protocol import ChatCompletionRequest
 
     body: dict = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     if request.tools:

@@ -759,8 +759,8 @@ def test_embeddings_route_is_mounted_behind_the_key(served):
 def test_auto_tool_call_in_free_output_becomes_tool_calls(served):
     """tool_choice auto: a valid <|tool_calls|> answer becomes tool_calls (content before it stays content);
     an invalid one comes back as plain content."""
-    from quicksilver.api.protocol import ChatCompletionRequest
     from quicksilver.api.chat import ChatPlan
+    from quicksilver.api.protocol import ChatCompletionRequest
     from quicksilver.decoding import DecodeStats, GenerationResult
 
     state = served[1].state.qs

@@ -202,8 +202,8 @@ def test_constrained_output_stays_valid(seed, lossy):
 def test_reasoning_effort_keeps_verified_decoding():
     """The API's reasoning_effort: "high" means one token per step, except for a model whose default is
     verified decoding: it keeps that policy at every effort, and lower efforts loosen draft acceptance."""
-    from quicksilver.api.protocol import REASONING_EFFORTS, ChatCompletionRequest
     from quicksilver.api.params import build_params
+    from quicksilver.api.protocol import REASONING_EFFORTS, ChatCompletionRequest
 
     req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
     verified = SamplingParams(policy="self_speculative")

@@ -34,7 +34,7 @@ from quicksilver.decoding.kv_cache import KVCache
 from quicksilver.decoding.policies import SelfCorrection, StepContext, UnmaskPolicy, make_unmask_policy
 from quicksilver.decoding.prefix_cache import PrefixCache
 from quicksilver.decoding.speculative import Layout, SelfSpeculation, check_supported
-from quicksilver.model import KV, CopyContext, Transformer, additive_mask, config_mask
+from quicksilver.model import KV, Transformer, additive_mask, config_mask
 from quicksilver.sampling import SamplingParams, adjust_logits, make_generator, sample_tokens
 from quicksilver.tokenizer import Tokenizer
 
@@ -585,14 +585,20 @@ class Decoder:
         for st, p, m, h, kv in zip(live, plans, masks, hidden.split([p.logit_rows.numel() for p in plans]), new_kvs,
                                    strict=True):
             q = p.logit_rows.numel()
+            if q == 0:  # a prefill chunk that wants no output (and would need a compiled graph of its own)
+                outs.append(h.new_zeros(0, self.model.config.vocab_size, dtype=torch.float32))
+                continue
             keys = kv[-1][0] if p.past is None else torch.cat([p.past[-1][0], kv[-1][0]], dim=2)
             n_keys = p.past_positions.numel() + p.positions.numel()
             visible = torch.ones(q, n_keys, dtype=torch.bool) if m is None else m[p.logit_rows]
             tokens = torch.cat([st.tokens[p.past_positions], p.input_ids])
             key_positions = torch.cat([p.past_positions, p.positions])
-            ctx = CopyContext(p.positions[p.logit_rows][None].to(device), keys, tokens[None].to(device),
-                              visible[None].to(device), key_positions[None].to(device))
-            outs.append(self.model.output_logits(h[None], torch.ones(1, q, dtype=torch.bool, device=device), ctx))
+            bound = int(key_positions.max()) + 2  # sizes the induction pointers' scratch table
+            # fresh dense tensors: views of the cache or of the step's rows would differ in strides and offsets
+            # from call to call, and a compiled step_outputs guards on those
+            args = [t.to(device).clone(memory_format=torch.contiguous_format) for t in (
+                h, keys, tokens, visible, key_positions, p.positions[p.logit_rows])]
+            outs.append(self.model.step_outputs(self.model, *args, bound))
         return torch.cat(outs)
 
     def _forward_packed(
