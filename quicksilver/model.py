@@ -29,6 +29,7 @@ weights frozen make a self-speculative decoder faster without changing its answe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -263,6 +264,32 @@ def decode_step_outputs(
     ctx = CopyContext(query_positions[None], keys, tokens[None], visible[None], key_positions[None])
     pointers = model.copy_head._group_pointers(hidden, ctx, 0, None, position_bound)
     return CopyHead.mix(model.logits(hidden), pointers)
+
+
+def single_sequence_forward(
+    model: Transformer, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+    past: list[KV] | None, output_rows: torch.Tensor | None,
+) -> tuple[torch.Tensor, list[KV]]:
+    """:meth:`Transformer.forward_packed` for one sequence (``mask``, ``past`` and ``output_rows`` its only
+    entries; ``output_rows`` not empty) and no draft tower, as one tensor-only function:
+    :func:`quicksilver.variants.compile_layers` compiles it whole, attention included, so a single stream's step
+    is one compiled call instead of two per layer with eager attention between them."""
+    x = model.embed_tokens(input_ids.unsqueeze(0))
+    rot_dim = int(model.config.head_dim * model.config.partial_rotary_factor)
+    cos, sin = rope_cos_sin(positions.unsqueeze(0), rot_dim, model.config.rope_theta, x.dtype)
+    new_kvs: list[KV] = []
+    last = len(model.layers) - 1
+    for i, layer in enumerate(model.layers):
+        sel = output_rows if i == last else None
+        q, k, v = Block.attention_inputs(layer, x, cos, sin, sel)
+        new_kvs.append((k, v))
+        if past is not None:
+            k, v = torch.cat([past[i][0], k], dim=2), torch.cat([past[i][1], v], dim=2)
+        attn = layer.self_attn
+        y = attn.sdpa(q, k, v, mask if mask is None or sel is None else mask[:, :, sel])
+        y = y.transpose(1, 2).reshape(1, q.shape[2], attn.n_heads * attn.head_dim)
+        x = Block.attention_outputs(layer, x if sel is None else x[:, sel], y)
+    return model.norm(x)[0], new_kvs
 
 
 def split_attention_inputs(layer, layer_draft, x, cos, sin, n_clean: int):
@@ -568,6 +595,8 @@ class Transformer(nn.Module):
         # a layer's two weight sets over one request's rows; quicksilver.variants.compile_layers compiles these
         self.split_inputs, self.split_outputs = split_attention_inputs, split_attention_outputs
         self.step_outputs = decode_step_outputs  # a copy head's outputs in a decoding step; compiled alike
+        # one sequence's whole forward, set (compiled) by compile_layers; eager models take the packed path
+        self.single_forward: Callable | None = None
         self.apply(self._init_weights)
         if self.copy_head is not None:
             self.copy_head.reset_parameters()
@@ -665,13 +694,24 @@ class Transformer(nn.Module):
             raise ValueError("packed input_ids/positions must hold sum(lengths) rows")
         if output_rows is not None and len(output_rows) != len(lengths):
             raise ValueError("output_rows needs one index tensor per sequence")
+        tower = self.draft_layers is not None and draft_rows is not None and bool(draft_rows.any())
+        if (self.single_forward is not None and not tower and len(lengths) == 1
+                and (output_rows is None or output_rows[0].numel() > 0)):
+            past = None if pasts[0] is None else [(k, v) for k, v in pasts[0]]  # one container type: one guard
+            rows = None if output_rows is None else output_rows[0]
+            one = rows is not None and rows.numel() == 1
+            # one wanted row is asked for twice: compiled code specialises on a count of 1, and every graph it
+            # need not build saves seconds of warm-up
+            hidden, kvs = self.single_forward(self, input_ids, positions, masks[0], past,
+                                              rows.repeat(2) if one else rows)
+            return (hidden[:1] if one else hidden), [kvs]
         x = self.embed_tokens(input_ids.unsqueeze(0))
         rot_dim = int(self.config.head_dim * self.config.partial_rotary_factor)
         cos, sin = rope_cos_sin(positions.unsqueeze(0), rot_dim, self.config.rope_theta, x.dtype)
         per_seq: list[list[KV]] = [[] for _ in lengths]
         last = len(self.layers) - 1
         split: int | tuple | None = None  # how a draft tower's rows are told apart (_split_layer_packed)
-        if self.draft_layers is not None and draft_rows is not None and bool(draft_rows.any()):
+        if tower:
             n_clean = int((~draft_rows).sum())
             split = n_clean if not bool(draft_rows[:n_clean].any()) else \
                 ((~draft_rows).nonzero().squeeze(-1), draft_rows.nonzero().squeeze(-1), draft_rows)

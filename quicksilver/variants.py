@@ -41,7 +41,9 @@ from quicksilver.model import (
     MoE,
     SwiGLU,
     Transformer,
+    additive_mask,
     decode_step_outputs,
+    single_sequence_forward,
     split_attention_inputs,
     split_attention_outputs,
 )
@@ -189,6 +191,8 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
         model.split_outputs = torch.compile(_own_code(_split_outputs), dynamic=True, options=options)
     if model.copy_head is not None:  # the copy head's pointers and mixture: dozens of small eager ops per step
         model.step_outputs = torch.compile(_own_code(_step_outputs), dynamic=True, options=options)
+    if not any(isinstance(layer.mlp, MoE) for layer in model.layers):  # one sequence: one call per forward
+        model.single_forward = torch.compile(_own_code(_single_forward), dynamic=True, options=options)
     if warm_up:
         warm_up_layers(model)
     return model
@@ -202,7 +206,20 @@ def warm_up_layers(model: Transformer) -> None:
     first trace in which two sizes are equal assumes they always are (hence 13 rows and 5 wanted: counts unlikely
     to equal each other or a model dimension). The shapes: a prompt wanting some of its rows, a prefill chunk
     wanting none (chunked prefill), then steps of one row and of several over its keys, wanting one row, none or
-    all of them. At most seven graphs before attention and two after it for each layer structure."""
+    all of them. At most seven graphs before attention and two after it for each layer structure. Then, when they
+    are compiled, the one-sequence forward's graphs (three) and the copy head's (three)."""
+    single, model.single_forward = model.single_forward, None  # these packed shapes serve batches (below: one)
+    try:
+        _warm_up_packed(model)
+    finally:
+        model.single_forward = single
+    if model.single_forward is not None:
+        _warm_up_single_forward(model)
+    if model.copy_head is not None:
+        _warm_up_step_outputs(model)
+
+
+def _warm_up_packed(model: Transformer) -> None:
     n, device = 13, model.device
     ids = torch.arange(n, device=device) % model.config.vocab_size
     positions = torch.arange(n, device=device)
@@ -214,15 +231,40 @@ def warm_up_layers(model: Transformer) -> None:
     if model.draft_layers is not None:  # a self-speculative step: clean rows, then noisy ones through the tower
         model.forward_packed(ids, positions + n, [n], [None], [past], output_rows=[torch.arange(2, 9)],
                              draft_rows=torch.arange(n, device=device) >= 4)
-    if model.copy_head is not None:  # outputs of a prompt's rows, then of one row and of several over more keys
-        last_keys = past[-1][0]  # [1, KV, n, D]
-        for rows, keys in ((5, n), (1, n), (1, 1), (3, n + 5), (1, n + 5)):
-            positions = torch.arange(keys, device=device)
-            model.step_outputs(
-                model, torch.zeros(rows, model.config.hidden_size, dtype=model.dtype, device=device),
-                last_keys.new_zeros(*last_keys.shape[:2], keys, last_keys.shape[-1]), positions % n,
-                torch.ones(rows, keys, dtype=torch.bool, device=device), positions, positions[keys - rows:].clone(),
-                keys + 2)
+
+
+def _warm_up_step_outputs(model: Transformer) -> None:
+    """The copy head's step outputs for a prompt's rows, then for one row and for several over more keys."""
+    n, device, cfg = 13, model.device, model.config
+    for rows, keys in ((5, n), (1, n), (1, 1), (3, n + 5), (1, n + 5)):
+        positions = torch.arange(keys, device=device)
+        model.step_outputs(
+            model, torch.zeros(rows, cfg.hidden_size, dtype=model.dtype, device=device),
+            torch.zeros(1, cfg.num_key_value_heads, keys, cfg.head_dim, dtype=model.dtype, device=device),
+            positions % n, torch.ones(rows, keys, dtype=torch.bool, device=device), positions,
+            positions[keys - rows:].clone(), keys + 2)
+
+
+def _warm_up_single_forward(model: Transformer) -> None:
+    """The one-sequence forward's graphs, as a decoder calls it: a prompt with no past, then steps over a past of
+    cache views (normal tensors, see :class:`quicksilver.decoding.kv_cache.KVCache`), each with an attention mask
+    (its values do not matter, only that there is one) and wanting several rows (one wanted row is asked for twice:
+    :meth:`Transformer.forward_packed`); and an autoregressive step (one row, no mask). Sizes differ from each other
+    (17 keys, 13 rows, 5 wanted), so no graph assumes two of them equal."""
+    cfg, device = model.config, model.device
+    past_len, rows = 17, 13
+    ids = torch.arange(past_len + rows, device=device) % cfg.vocab_size
+    positions = torch.arange(past_len + rows, device=device)
+    with torch.inference_mode(False):  # as the cache's buffers are: one per layer for keys, one for values
+        buffers = [torch.zeros(1, cfg.num_key_value_heads, 64, cfg.head_dim, dtype=model.dtype, device=device)
+                   for _ in range(2 * len(model.layers))]
+    past = [(k[:, :, :past_len], v[:, :, :past_len]) for k, v in zip(buffers[::2], buffers[1::2], strict=True)]
+    step = positions[past_len:].clone()  # fresh tensors (no storage offset), as a decoder's are
+    for keys, prior in ((step, None), (positions, past)):
+        mask = additive_mask(keys[None, :] <= step[:, None], model.dtype)  # causal: never all True
+        model.single_forward(model, ids[past_len:].clone(), step, mask, prior, torch.arange(5, device=device))
+    model.single_forward(model, ids[past_len: past_len + 1].clone(), positions[past_len: past_len + 1].clone(),
+                         None, past, torch.zeros(2, dtype=torch.long, device=device))  # one row, wanted twice
 
 
 def _own_code(fn: types.FunctionType) -> types.FunctionType:
@@ -253,6 +295,10 @@ def _attention_inputs(layer, x, cos, sin, sel=None):
 
 def _attention_outputs(layer, x, y):
     return type(layer).attention_outputs(layer, x, y)
+
+
+def _single_forward(model, input_ids, positions, mask, past, output_rows):
+    return single_sequence_forward(model, input_ids, positions, mask, past, output_rows)
 
 
 def _step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, position_bound):

@@ -44,6 +44,7 @@ def tolerance(model) -> dict:
 def test_compiled_layers_compute_what_the_eager_layers_compute(pair):
     eager, compiled, _ = pair
     assert is_compiled(compiled) and not is_compiled(eager) and variant_of(compiled) == variant_of(eager) + "+compile"
+    assert compiled.single_forward is not None  # one sequence: the whole forward is one compiled call
     ids = torch.tensor(tiny_tokenizer().encode(SYSTEM))
     n = len(ids)
     results = {}
@@ -52,7 +53,9 @@ def test_compiled_layers_compute_what_the_eager_layers_compute(pair):
             prompt = m.forward_packed(ids, torch.arange(n), [n], [None], [None])
             step = m.forward_packed(ids[:5], torch.arange(n, n + 5), [5], [None], prompt[1],
                                     output_rows=[torch.tensor([1, 4])])
-            results[name] = (prompt, step)
+            one_row = m.forward_packed(ids[:5], torch.arange(n, n + 5), [5], [None], prompt[1],
+                                       output_rows=[torch.tensor([3])])  # compiled: the row is asked for twice
+            results[name] = (prompt, step, one_row)
     close = tolerance(eager)
     for (want, want_kv), (got, got_kv) in zip(results["eager"], results["compiled"], strict=True):
         torch.testing.assert_close(got, want, **close)

@@ -36,7 +36,10 @@ class KVCache:
         self._v = [self._empty(capacity) for _ in range(num_layers)]
 
     def _empty(self, capacity: int) -> torch.Tensor:
-        return torch.empty(1, self.shape[0], capacity, self.shape[1], dtype=self.dtype, device=self.device)
+        # always a normal tensor, also when the cache grows during a step (in inference mode): a compiled forward
+        # guards on whether its inputs are inference tensors, and one kind of past keeps one graph per shape
+        with torch.inference_mode(False):
+            return torch.empty(1, self.shape[0], capacity, self.shape[1], dtype=self.dtype, device=self.device)
 
     @property
     def capacity(self) -> int:
@@ -60,8 +63,8 @@ class KVCache:
         end = start + n
         if start > self.length:
             raise ValueError("KV cache writes must be contiguous")
-        if end > self.capacity:
-            self._grow(end)
+        if end >= self.capacity:  # never full: a view of the keys then always has the same strides' layout
+            self._grow(end + 1)
         for i, (k, v) in enumerate(new_kv):
             self._k[i][:, :, start:end] = k[:, :, rows]
             self._v[i][:, :, start:end] = v[:, :, rows]
