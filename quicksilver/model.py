@@ -266,6 +266,21 @@ def decode_step_outputs(
     return CopyHead.mix(model.logits(hidden), pointers)
 
 
+def batched_step_outputs(
+    model: Transformer, hidden: torch.Tensor, keys: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
+    key_positions: torch.Tensor, query_positions: torch.Tensor, rows: torch.Tensor, position_bound: int,
+) -> torch.Tensor:
+    """:func:`decode_step_outputs` for B requests in one call: their N wanted rows ``hidden`` [N, d] sit at the flat
+    places ``rows`` [N] of a [B, Q] grid (Q: the most rows a request wants) whose rows are at ``query_positions``
+    [B, Q]; each request's keys [B, KV, S, D] (S: the most keys; padding holds the mask token and is never
+    visible), ``tokens`` and ``key_positions`` [B, S], ``visible`` [B, Q, S]. Returns [N, V], rows in order."""
+    b, q = query_positions.shape
+    grid = hidden.new_zeros(b * q, hidden.shape[-1]).index_copy(0, rows, hidden).view(b, q, -1)
+    p = model.copy_head.batched_pointers(grid, query_positions, keys, tokens, visible, key_positions, position_bound)
+    pointers = Pointers(*(t.flatten(0, 1).index_select(0, rows) for t in (p.probs, p.gate, p.values)))
+    return CopyHead.mix(model.logits(hidden), pointers)
+
+
 def single_sequence_forward(
     model: Transformer, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
     past: list[KV] | None, output_rows: torch.Tensor | None,
@@ -517,32 +532,43 @@ class CopyHead(nn.Module):
                         position_bound: int | None = None) -> Pointers:
         """The pointers of the rows ``rows`` [Q] (bool; None: all of them) of group ``g``, whose hidden states are
         ``h`` [n, d]. ``position_bound``: more than the largest key position (see :meth:`_following`)."""
-        n = h.shape[0]
-        q = self.q_proj(h).view(n, self.n_pointers, self.head_dim).transpose(0, 1)  # [P, n, hd]
         query_positions, visible = ctx.query_positions[g], ctx.visible[g]
         if rows is not None:
             query_positions, visible = query_positions[rows], visible[rows]  # [n], [n, S]
-        cos, sin = rope_cos_sin(query_positions[None], self.rot_dim, self.rope_theta, q.dtype)
-        q = apply_rope(q, cos[0], sin[0])
-        keys = ctx.keys[g].repeat(self.n_pointers // self.n_kv, 1, 1)  # pointer p reads key/value head p % KV
-        scores = (q.float() @ keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [P, n, S]
-        tokens = ctx.tokens[g]  # [S]
-        copyable = visible & (tokens != self.mask_token_id)
-        allowed, values = [copyable] * self.n_kv, [tokens.expand(n, -1)] * self.n_kv
+        if self.n_pointers > self.n_kv and ctx.key_positions is None:
+            raise ValueError("induction pointers need the keys' positions (CopyContext.key_positions)")
+        key_positions = None if ctx.key_positions is None else ctx.key_positions[g][None]
+        p = self.batched_pointers(h[None], query_positions[None], ctx.keys[g][None], ctx.tokens[g][None],
+                                  visible[None], key_positions, position_bound)
+        return Pointers(p.probs[0], p.gate[0], p.values[0])
+
+    def batched_pointers(
+        self, h: torch.Tensor, query_positions: torch.Tensor, keys: torch.Tensor, tokens: torch.Tensor,
+        visible: torch.Tensor, key_positions: torch.Tensor | None, position_bound: int | None = None,
+    ) -> Pointers:
+        """The pointers of B groups of n rows at once: hidden states ``h`` [B, n, d] at ``query_positions`` [B, n],
+        each group over its own keys [B, KV, S, D] holding ``tokens`` [B, S] at ``key_positions`` [B, S], as
+        ``visible`` [B, n, S] allows. Returns [B, n, ...] tensors. A row that sees no key (padding) gets none."""
+        b, n = h.shape[:2]
+        q = self.q_proj(h).view(b, n, self.n_pointers, self.head_dim).transpose(1, 2)  # [B, P, n, hd]
+        cos, sin = rope_cos_sin(query_positions, self.rot_dim, self.rope_theta, q.dtype)
+        q = apply_rope(q, cos, sin)
+        keys = keys.repeat(1, self.n_pointers // self.n_kv, 1, 1)  # pointer p reads key/value head p % KV
+        scores = (q.float() @ keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [B, P, n, S]
+        copyable = visible & (tokens[:, None] != self.mask_token_id)  # [B, n, S]
+        allowed, values = [copyable] * self.n_kv, [tokens[:, None].expand(b, n, -1)] * self.n_kv
         if self.n_pointers > self.n_kv:
-            if ctx.key_positions is None:
-                raise ValueError("induction pointers need the keys' positions (CopyContext.key_positions)")
-            nxt = self._following(ctx.key_positions[g], tokens, visible, position_bound)
+            nxt = self._following_batched(key_positions, tokens, visible, position_bound)
             allowed += [copyable & (nxt != self.mask_token_id)] * self.n_kv
             values += [nxt] * self.n_kv
-        allowed = torch.stack(allowed, 1)  # [n, P, S]
-        scores = scores.transpose(0, 1).masked_fill(~allowed, float("-inf"))
+        allowed = torch.stack(allowed, 2)  # [B, n, P, S]
+        scores = scores.transpose(1, 2).masked_fill(~allowed, float("-inf"))
         pointers = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a pointer with no key left: all zero
         # a pointer with nothing to copy gets none of the mass (and no gradient); the vocabulary always can
-        empty = ~allowed.any(-1)  # [n, P]
+        empty = ~allowed.any(-1)  # [B, n, P]
         gate_logits = self.gate(h).float()
         gate_logits = torch.cat([gate_logits[..., :1], gate_logits[..., 1:].masked_fill(empty, float("-inf"))], -1)
-        return Pointers(pointers, torch.softmax(gate_logits, dim=-1), torch.stack(values, 1))
+        return Pointers(pointers, torch.softmax(gate_logits, dim=-1), torch.stack(values, 2))
 
     def _following(self, positions: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
                    position_bound: int | None = None) -> torch.Tensor:
@@ -551,13 +577,18 @@ class CopyHead(nn.Module):
         sees at most one key per position, but not always in the next column: a training row over [x_t || x_0]
         reads the clean keys before its block and the noisy ones in it. ``position_bound`` (at least the largest
         position + 2; default exactly that) sizes the scratch table, so a compiled caller need not read it."""
-        n = visible.shape[0]
+        return self._following_batched(positions[None], tokens[None], visible[None], position_bound)[0]
+
+    def _following_batched(self, positions: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
+                           position_bound: int | None = None) -> torch.Tensor:
+        """:meth:`_following` for B groups: positions and tokens [B, S], visible [B, n, S] -> [B, n, S]."""
+        b, n = visible.shape[:2]
         # positions 0 .. max + 1, then a slot for the keys a row does not see
         size = int(positions.max()) + 2 if position_bound is None else position_bound
-        slot = torch.where(visible, positions, size)  # [n, S]
-        seen = torch.full((n, size + 1), self.mask_token_id, dtype=tokens.dtype, device=positions.device)
-        seen.scatter_(1, slot, tokens.expand(n, -1))
-        return seen.gather(1, (positions + 1).expand(n, -1))
+        slot = torch.where(visible, positions[:, None], size)  # [B, n, S]
+        seen = torch.full((b, n, size + 1), self.mask_token_id, dtype=tokens.dtype, device=positions.device)
+        seen.scatter_(2, slot, tokens[:, None].expand(b, n, -1))
+        return seen.gather(2, (positions + 1)[:, None].expand(b, n, -1))
 
     @staticmethod
     def mix(logits: torch.Tensor, pointers: Pointers) -> torch.Tensor:
@@ -595,6 +626,7 @@ class Transformer(nn.Module):
         # a layer's two weight sets over one request's rows; quicksilver.variants.compile_layers compiles these
         self.split_inputs, self.split_outputs = split_attention_inputs, split_attention_outputs
         self.step_outputs = decode_step_outputs  # a copy head's outputs in a decoding step; compiled alike
+        self.batch_step_outputs = batched_step_outputs  # the same for several requests in one call
         # one sequence's whole forward, set (compiled) by compile_layers; eager models take the packed path
         self.single_forward: Callable | None = None
         self.apply(self._init_weights)
