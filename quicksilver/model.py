@@ -254,26 +254,15 @@ def _row_slice(x: torch.Tensor, start: int, end: int | None) -> torch.Tensor:
 
 def decode_step_outputs(
     model: Transformer, hidden: torch.Tensor, keys: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
-    key_positions: torch.Tensor, query_positions: torch.Tensor, position_bound: int,
-) -> torch.Tensor:
-    """A copy-head model's outputs [Q, V] for one request's Q rows in a decoding step: ``hidden`` [Q, d] at
-    ``query_positions`` [Q], pointing into that request's last-layer ``keys`` [1, KV, S, D] (holding ``tokens``
-    [S] at ``key_positions`` [S]) as ``visible`` [Q, S] allows. What :meth:`Transformer.output_logits` gives for
-    all rows, without its data-dependent branches, so :func:`quicksilver.variants.compile_layers` can compile it
-    (``position_bound``: more than the largest key position + 1)."""
-    ctx = CopyContext(query_positions[None], keys, tokens[None], visible[None], key_positions[None])
-    pointers = model.copy_head._group_pointers(hidden, ctx, 0, None, position_bound)
-    return CopyHead.mix(model.logits(hidden), pointers)
-
-
-def batched_step_outputs(
-    model: Transformer, hidden: torch.Tensor, keys: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
     key_positions: torch.Tensor, query_positions: torch.Tensor, rows: torch.Tensor, position_bound: int,
 ) -> torch.Tensor:
-    """:func:`decode_step_outputs` for B requests in one call: their N wanted rows ``hidden`` [N, d] sit at the flat
-    places ``rows`` [N] of a [B, Q] grid (Q: the most rows a request wants) whose rows are at ``query_positions``
-    [B, Q]; each request's keys [B, KV, S, D] (S: the most keys; padding holds the mask token and is never
-    visible), ``tokens`` and ``key_positions`` [B, S], ``visible`` [B, Q, S]. Returns [N, V], rows in order."""
+    """A copy-head model's outputs [N, V] in a decoding step of B requests, in one call: their N wanted rows
+    ``hidden`` [N, d] sit at the flat places ``rows`` [N] of a [B, Q] grid (Q: the most rows a request wants) whose
+    rows are at ``query_positions`` [B, Q]; each request's last-layer keys [B, KV, S, D] (S: the most keys; padding
+    holds the mask token and is never visible), ``tokens`` and ``key_positions`` [B, S], ``visible`` [B, Q, S]. What
+    :meth:`Transformer.output_logits` gives, without its data-dependent branches, so
+    :func:`quicksilver.variants.compile_layers` can compile it (``position_bound``: more than the largest key
+    position + 1)."""
     b, q = query_positions.shape
     grid = hidden.new_zeros(b * q, hidden.shape[-1]).index_copy(0, rows, hidden).view(b, q, -1)
     p = model.copy_head.batched_pointers(grid, query_positions, keys, tokens, visible, key_positions, position_bound)
@@ -626,7 +615,6 @@ class Transformer(nn.Module):
         # a layer's two weight sets over one request's rows; quicksilver.variants.compile_layers compiles these
         self.split_inputs, self.split_outputs = split_attention_inputs, split_attention_outputs
         self.step_outputs = decode_step_outputs  # a copy head's outputs in a decoding step; compiled alike
-        self.batch_step_outputs = batched_step_outputs  # the same for several requests in one call
         # one sequence's whole forward, set (compiled) by compile_layers; eager models take the packed path
         self.single_forward: Callable | None = None
         self.apply(self._init_weights)

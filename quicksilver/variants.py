@@ -42,7 +42,6 @@ from quicksilver.model import (
     SwiGLU,
     Transformer,
     additive_mask,
-    batched_step_outputs,
     decode_step_outputs,
     single_sequence_forward,
     split_attention_inputs,
@@ -192,7 +191,6 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
         model.split_outputs = torch.compile(_own_code(_split_outputs), dynamic=True, options=options)
     if model.copy_head is not None:  # the copy head's pointers and mixture: dozens of small eager ops per step
         model.step_outputs = torch.compile(_own_code(_step_outputs), dynamic=True, options=options)
-        model.batch_step_outputs = torch.compile(_own_code(_batch_step_outputs), dynamic=True, options=options)
     if not any(isinstance(layer.mlp, MoE) for layer in model.layers):  # one sequence: one call per forward
         model.single_forward = torch.compile(_own_code(_single_forward), dynamic=True, options=options)
     if warm_up:
@@ -209,7 +207,7 @@ def warm_up_layers(model: Transformer) -> None:
     to equal each other or a model dimension). The shapes: a prompt wanting some of its rows, a prefill chunk
     wanting none (chunked prefill), then steps of one row and of several over its keys, wanting one row, none or
     all of them. At most seven graphs before attention and two after it for each layer structure. Then, when they
-    are compiled, the one-sequence forward's graphs (three) and the copy head's (three, and two for batches)."""
+    are compiled, the one-sequence forward's graphs (three) and the copy head's (five)."""
     single, model.single_forward = model.single_forward, None  # these packed shapes serve batches (below: one)
     try:
         _warm_up_packed(model)
@@ -236,25 +234,18 @@ def _warm_up_packed(model: Transformer) -> None:
 
 
 def _warm_up_step_outputs(model: Transformer) -> None:
-    """The copy head's step outputs for a prompt's rows, then for one row and for several over more keys."""
+    """The copy head's step outputs for one request and for several, each wanting several rows or one, and for a
+    request with a single key (a one-token prompt)."""
     n, device, cfg = 13, model.device, model.config
-    for rows, keys in ((5, n), (1, n), (1, 1), (3, n + 5), (1, n + 5)):
-        positions = torch.arange(keys, device=device)
-        model.step_outputs(
-            model, torch.zeros(rows, cfg.hidden_size, dtype=model.dtype, device=device),
-            torch.zeros(1, cfg.num_key_value_heads, keys, cfg.head_dim, dtype=model.dtype, device=device),
-            positions % n, torch.ones(rows, keys, dtype=torch.bool, device=device), positions,
-            positions[keys - rows:].clone(), keys + 2)
-    for groups, rows in ((3, 5), (2, 1)):  # several requests in one call: several rows each, or one
-        keys = n + 4
+    for groups, rows, keys in ((1, 5, n), (1, 1, n), (1, 1, 1), (3, 5, n + 4), (2, 1, n + 4)):
         positions = torch.arange(keys, device=device).repeat(groups, 1)
-        model.batch_step_outputs(
-            model, torch.zeros(groups * rows - 1 if rows > 1 else groups, cfg.hidden_size, dtype=model.dtype,
-                               device=device),
+        wanted = groups * rows - 1 if groups > 1 and rows > 1 else groups * rows  # one request short of Q rows
+        model.step_outputs(
+            model, torch.zeros(wanted, cfg.hidden_size, dtype=model.dtype, device=device),
             torch.zeros(groups, cfg.num_key_value_heads, keys, cfg.head_dim, dtype=model.dtype, device=device),
             positions % n, torch.ones(groups, rows, keys, dtype=torch.bool, device=device), positions,
-            positions[:, keys - rows:].clone(),
-            torch.arange(groups * rows - 1 if rows > 1 else groups, device=device), keys + 2)
+            (torch.arange(rows, device=device) + keys - rows).repeat(groups, 1), torch.arange(wanted, device=device),
+            keys + 2)
 
 
 def _warm_up_single_forward(model: Transformer) -> None:
@@ -313,13 +304,9 @@ def _single_forward(model, input_ids, positions, mask, past, output_rows):
     return single_sequence_forward(model, input_ids, positions, mask, past, output_rows)
 
 
-def _batch_step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, rows, position_bound):
-    return batched_step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, rows,
+def _step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, rows, position_bound):
+    return decode_step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, rows,
                                 position_bound)
-
-
-def _step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, position_bound):
-    return decode_step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, position_bound)
 
 
 def _split_inputs(layer, layer_draft, x, cos, sin, n_clean):  # (parameter names: see _guard_inputs_only)

@@ -579,48 +579,41 @@ class Decoder:
         new_kvs: list[list[KV]],
     ) -> torch.Tensor:
         """A copy-head model's outputs for every plan's logit rows: each plan's rows point into its own keys (its
-        past, then its inputs) with its attention mask, and copy those keys' tokens. One request: one call; several:
-        one call for all, their keys padded to the longest."""
+        past, then its inputs) with its attention mask, and copy those keys' tokens. One call for all plans, their
+        keys padded to the longest."""
         device, vocab = self.model.device, self.model.config.vocab_size
-        groups = []  # (row slice of hidden, keys, tokens, visible, key positions, query positions)
-        start = 0
+        groups = []  # per plan that wants rows: (keys, tokens, visible, key positions, query positions)
         for st, p, m, kv in zip(live, plans, masks, new_kvs, strict=True):
             q = p.logit_rows.numel()
-            start += q
-            if q == 0:  # a prefill chunk that wants no output (and would need a compiled graph of its own)
+            if q == 0:  # a prefill chunk that wants no output: it adds no row to ``hidden``
                 continue
             keys = kv[-1][0] if p.past is None else torch.cat([p.past[-1][0], kv[-1][0]], dim=2)
             n_keys = p.past_positions.numel() + p.positions.numel()
             visible = torch.ones(q, n_keys, dtype=torch.bool) if m is None else m[p.logit_rows]
-            groups.append((slice(start - q, start), keys, torch.cat([st.tokens[p.past_positions], p.input_ids]),
-                           visible, torch.cat([p.past_positions, p.positions]), p.positions[p.logit_rows]))
+            groups.append((keys, torch.cat([st.tokens[p.past_positions], p.input_ids]), visible,
+                           torch.cat([p.past_positions, p.positions]), p.positions[p.logit_rows]))
         if not groups:
             return hidden.new_zeros(0, vocab, dtype=torch.float32)
-        bound = max(int(g[4].max()) for g in groups) + 2  # sizes the induction pointers' scratch table
-        if len(groups) == 1:
-            # fresh dense tensors: views of the cache or of the step's rows would differ in strides and offsets
-            # from call to call, and a compiled step_outputs guards on those
-            rows, *rest = groups[0]
-            args = [t.to(device).clone(memory_format=torch.contiguous_format) for t in (hidden[rows], *rest)]
-            return self.model.step_outputs(self.model, *args, bound)
-        # several requests: pad to the most rows (Q) and keys (S); padded keys hold the mask token, seen by no row
-        b, q_max, s_max = len(groups), max(g[5].numel() for g in groups), max(g[4].numel() for g in groups)
-        first = groups[0][1]
+        bound = max(int(g[3].max()) for g in groups) + 2  # sizes the induction pointers' scratch table
+        # pad to the most rows (Q) and keys (S); padded keys hold the mask token and no row sees them. The padded
+        # tensors are fresh and dense: views of the cache would change strides from call to call, and the
+        # compiled step_outputs guards on those
+        b, q_max, s_max = len(groups), max(g[4].numel() for g in groups), max(g[3].numel() for g in groups)
+        first = groups[0][0]
         keys = first.new_zeros(b, first.shape[1], s_max, first.shape[3])
-        tokens = torch.full((b, s_max), self.model.config.mask_token_id, dtype=groups[0][2].dtype)
+        tokens = torch.full((b, s_max), self.model.config.mask_token_id, dtype=groups[0][1].dtype)
         visible = torch.zeros(b, q_max, s_max, dtype=torch.bool)
         key_positions = torch.zeros(b, s_max, dtype=torch.long)
         query_positions = torch.zeros(b, q_max, dtype=torch.long)
         flat_rows = []
-        for i, (_, k, tok, vis, kpos, qpos) in enumerate(groups):
+        for i, (k, tok, vis, kpos, qpos) in enumerate(groups):
             s, q = kpos.numel(), qpos.numel()
             keys[i, :, :s] = k[0]
             tokens[i, :s], key_positions[i, :s], query_positions[i, :q] = tok, kpos, qpos
             visible[i, :q, :s] = vis
             flat_rows.append(torch.arange(i * q_max, i * q_max + q))
-        # plans wanting no row add none to ``hidden``: the groups' rows are all of its rows, in order
-        return self.model.batch_step_outputs(
-            self.model, hidden.to(device), keys.to(device), tokens.to(device), visible.to(device),
+        return self.model.step_outputs(
+            self.model, hidden.to(device).contiguous(), keys.to(device), tokens.to(device), visible.to(device),
             key_positions.to(device), query_positions.to(device), torch.cat(flat_rows).to(device), bound)
 
     def _forward_packed(
