@@ -517,18 +517,13 @@ class CopyHead(nn.Module):
         return Pointers(torch.cat([p.probs for p in parts]), torch.cat([p.gate for p in parts]),
                         torch.cat([p.values for p in parts]))
 
-    def _group_pointers(self, h: torch.Tensor, ctx: CopyContext, g: int, rows: torch.Tensor | None,
-                        position_bound: int | None = None) -> Pointers:
-        """The pointers of the rows ``rows`` [Q] (bool; None: all of them) of group ``g``, whose hidden states are
-        ``h`` [n, d]. ``position_bound``: more than the largest key position (see :meth:`_following`)."""
-        query_positions, visible = ctx.query_positions[g], ctx.visible[g]
-        if rows is not None:
-            query_positions, visible = query_positions[rows], visible[rows]  # [n], [n, S]
+    def _group_pointers(self, h: torch.Tensor, ctx: CopyContext, g: int, rows: torch.Tensor) -> Pointers:
+        """The pointers of the rows ``rows`` [Q] (bool) of group ``g``, whose hidden states are ``h`` [n, d]."""
         if self.n_pointers > self.n_kv and ctx.key_positions is None:
             raise ValueError("induction pointers need the keys' positions (CopyContext.key_positions)")
         key_positions = None if ctx.key_positions is None else ctx.key_positions[g][None]
-        p = self.batched_pointers(h[None], query_positions[None], ctx.keys[g][None], ctx.tokens[g][None],
-                                  visible[None], key_positions, position_bound)
+        p = self.batched_pointers(h[None], ctx.query_positions[g][rows][None], ctx.keys[g][None],
+                                  ctx.tokens[g][None], ctx.visible[g][rows][None], key_positions)
         return Pointers(p.probs[0], p.gate[0], p.values[0])
 
     def batched_pointers(
@@ -547,7 +542,7 @@ class CopyHead(nn.Module):
         copyable = visible & (tokens[:, None] != self.mask_token_id)  # [B, n, S]
         allowed, values = [copyable] * self.n_kv, [tokens[:, None].expand(b, n, -1)] * self.n_kv
         if self.n_pointers > self.n_kv:
-            nxt = self._following_batched(key_positions, tokens, visible, position_bound)
+            nxt = self._following(key_positions, tokens, visible, position_bound)
             allowed += [copyable & (nxt != self.mask_token_id)] * self.n_kv
             values += [nxt] * self.n_kv
         allowed = torch.stack(allowed, 2)  # [B, n, P, S]
@@ -561,16 +556,12 @@ class CopyHead(nn.Module):
 
     def _following(self, positions: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
                    position_bound: int | None = None) -> torch.Tensor:
-        """[n, S]: for rows that see the keys ``visible`` [n, S] (at ``positions`` [S], holding ``tokens`` [S]), the
-        token at each key's position + 1 as the row sees it (the mask token where the row sees none there). A row
-        sees at most one key per position, but not always in the next column: a training row over [x_t || x_0]
-        reads the clean keys before its block and the noisy ones in it. ``position_bound`` (at least the largest
-        position + 2; default exactly that) sizes the scratch table, so a compiled caller need not read it."""
-        return self._following_batched(positions[None], tokens[None], visible[None], position_bound)[0]
-
-    def _following_batched(self, positions: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor,
-                           position_bound: int | None = None) -> torch.Tensor:
-        """:meth:`_following` for B groups: positions and tokens [B, S], visible [B, n, S] -> [B, n, S]."""
+        """[B, n, S]: for B groups of rows that see the keys ``visible`` [B, n, S] (at ``positions`` [B, S], holding
+        ``tokens`` [B, S]), the token at each key's position + 1 as the row sees it (the mask token where the row
+        sees none there). A row sees at most one key per position, but not always in the next column: a training
+        row over [x_t || x_0] reads the clean keys before its block and the noisy ones in it. ``position_bound``
+        (at least the largest position + 2; default exactly that) sizes the scratch table, so a compiled caller
+        need not read it."""
         b, n = visible.shape[:2]
         # positions 0 .. max + 1, then a slot for the keys a row does not see
         size = int(positions.max()) + 2 if position_bound is None else position_bound

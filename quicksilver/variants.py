@@ -190,9 +190,9 @@ def compile_layers(model: Transformer, warm_up: bool = True) -> Transformer:
         model.split_inputs = torch.compile(_own_code(_split_inputs), dynamic=True, options=options)
         model.split_outputs = torch.compile(_own_code(_split_outputs), dynamic=True, options=options)
     if model.copy_head is not None:  # the copy head's pointers and mixture: dozens of small eager ops per step
-        model.step_outputs = torch.compile(_own_code(_step_outputs), dynamic=True, options=options)
+        model.step_outputs = torch.compile(_own_code(decode_step_outputs), dynamic=True, options=options)
     if not any(isinstance(layer.mlp, MoE) for layer in model.layers):  # one sequence: one call per forward
-        model.single_forward = torch.compile(_own_code(_single_forward), dynamic=True, options=options)
+        model.single_forward = torch.compile(_own_code(single_sequence_forward), dynamic=True, options=options)
     if warm_up:
         warm_up_layers(model)
     return model
@@ -298,15 +298,6 @@ def _attention_inputs(layer, x, cos, sin, sel=None):
 
 def _attention_outputs(layer, x, y):
     return type(layer).attention_outputs(layer, x, y)
-
-
-def _single_forward(model, input_ids, positions, mask, past, output_rows):
-    return single_sequence_forward(model, input_ids, positions, mask, past, output_rows)
-
-
-def _step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, rows, position_bound):
-    return decode_step_outputs(model, hidden, keys, tokens, visible, key_positions, query_positions, rows,
-                                position_bound)
 
 
 def _split_inputs(layer, layer_draft, x, cos, sin, n_clean):  # (parameter names: see _guard_inputs_only)

@@ -294,4 +294,4 @@ def test_induction_pointers_follow_keys_by_position_not_by_column():
     visible = torch.tensor([[[1, 1, 1, 0, 0], [1, 0, 0, 1, 1]]], dtype=torch.bool)  # row 0 the first, row 1 mixed
     ctx = CopyContext(torch.tensor([[2, 2]]), torch.zeros(1, head.n_kv, 5, head.head_dim), tokens, visible,
                       torch.tensor([[0, 1, 2, 1, 2]]))
-    assert head._following(ctx.key_positions[0], tokens[0], visible[0]).tolist() == [[6, 7, m, 7, m], [8, 9, m, 9, m]]
+    assert head._following(ctx.key_positions, tokens, visible).tolist() == [[[6, 7, m, 7, m], [8, 9, m, 9, m]]]
