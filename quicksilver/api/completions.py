@@ -134,7 +134,6 @@ async def score_prompts(state: ServerState, req: CompletionRequest, prompts: lis
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}}
 
 
-
 async def stream_completion(
     state: ServerState, handles: list[RequestHandle], rid: str, created: int, req: CompletionRequest,
     prompts: list[tuple[list[int], str]], echoes: list[str], prompt_tokens: int,
