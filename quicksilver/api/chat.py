@@ -75,6 +75,11 @@ class ChatPlan:
                            param="tool_choice")
         for i, t in enumerate(self.tools):
             if t.function.parameters is not None:
+                kind = t.function.parameters.get("type", "object")
+                if kind != "object":  # arguments are a JSON object: no call could satisfy another type
+                    raise APIError(400, f"invalid schema for function {t.function.name!r}: parameters must be a "
+                                        f'JSON Schema of type "object", got type {json.dumps(kind)}',
+                                   param=f"tools[{i}].function.parameters")
                 try:
                     check_schema(t.function.parameters, f"tools[{i}].function.parameters")
                 except ProtocolError as exc:
@@ -120,6 +125,9 @@ class ChatPlan:
                 json_object=self.wants_json, max_tokens=max_tokens, builders=_structured())
         except ValueError as exc:
             raise APIError(400, f"cannot enforce this schema: {exc}",
+                           param="tools" if self.forced_tools else "response_format") from None
+        except MemoryError:  # e.g. a minLength of 100000: its automaton would not fit in memory
+            raise APIError(400, "cannot enforce this schema: it is too large to enforce",
                            param="tools" if self.forced_tools else "response_format") from None
 
     # -- interpreting the output ----------------------------------------------------------------------

@@ -27,7 +27,7 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # token ids: true or 1.0 is no id
     model: str
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: StrictInt | None = None  # as OpenAI types it: "384", 384.0 or true is no number of dimensions
     user: str | None = None
 
 
@@ -57,6 +57,8 @@ async def create_embeddings(request: Request) -> JSONResponse:
         body = json.loads(await request.body())
     except (ValueError, UnicodeDecodeError):
         return error(400, "the request body is not valid JSON")
+    except RecursionError:  # arrays or objects nested thousands deep
+        return error(400, "the request body is not valid JSON: nested too deeply")
     if not isinstance(body, dict):
         return error(400, "the request body must be a JSON object")
     from quicksilver.api.protocol import ProtocolError, check_unicode
@@ -70,6 +72,10 @@ async def create_embeddings(request: Request) -> JSONResponse:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = str(first["loc"][0]) if first["loc"] else None
+        if first["type"] == "missing":  # the wording of the other routes (quicksilver.api.errors)
+            return error(400, f"missing required field {param!r}", param=param)
+        if first["type"] == "extra_forbidden":
+            return error(400, f"unknown field {param!r}", param=param)
         if param == "input":  # a union: pydantic's per-branch message would only confuse
             return error(400, "input must be a string, a list of strings, or token-id arrays", param="input")
         return error(400, f"{param}: {first['msg']}" if param else first["msg"], param=param)

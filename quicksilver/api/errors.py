@@ -50,6 +50,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if kind == "json_invalid":
         return "the request body is not valid JSON", None
     if param is None and kind in ("model_attributes_type", "dict_type", "model_type"):
+        if isinstance(first.get("input"), bytes):  # the body was not read as JSON: its Content-Type is another
+            return "the request body must be a JSON object, sent with Content-Type: application/json", None
         return "the request body must be a JSON object", None
     if kind == "extra_forbidden":
         return f"unknown field {param!r}", param

@@ -87,10 +87,8 @@ def prompt_too_long(context: int, prompt_len: int, param: str) -> APIError:
 def logit_bias_ids(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
     out = {}
     for key, value in bias.items():
-        try:
-            token = int(key)
-        except ValueError:
-            token = -1
+        # decimal digits only: int() would also read " 1", "1_0" and other scripts' digits
+        token = int(key) if key.isascii() and key.isdigit() else -1
         if not 0 <= token < vocab_size:
             raise APIError(400, f"logit_bias keys must be token ids in [0, {vocab_size}), got {key!r}",
                            param="logit_bias")

@@ -271,10 +271,13 @@ def message_text(msg: ChatMessage, index: int) -> str:
         return msg.content or ""
     texts = []
     for j, part in enumerate(msg.content):
-        if part.type not in ("text", "input_text") or part.text is None:
+        if part.type not in ("text", "input_text"):
             raise ProtocolError(
                 f"content part type {part.type!r} is not supported (text only)", f"messages[{index}].content[{j}]"
             )
+        if part.text is None:
+            raise ProtocolError(f"a {part.type!r} content part needs a string 'text'",
+                                f"messages[{index}].content[{j}].text")
         texts.append(part.text)
     return "".join(texts)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from quicksilver.sampling import POLICIES
 from quicksilver.variants import PRECISIONS
@@ -62,6 +63,10 @@ def params_from_args(args: argparse.Namespace, defaults):
         "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
     }
     changes = {field: getattr(args, flag) for flag, field in mapping.items() if getattr(args, flag, None) is not None}
+    for flag, field in mapping.items():  # nan/inf pass some range checks (nan < 0 is False) and break sampling later
+        value = changes.get(field)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{flag.replace('_', '-')} must be a finite number, got {value}")
     if getattr(args, "stop", None):
         changes["stop"] = tuple(args.stop)
     return defaults.replace(**changes)

@@ -43,8 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _tool_names(args: argparse.Namespace) -> list[str]:
-    if args.tools:
-        return [t.strip() for t in args.tools.split(",") if t.strip()]
+    if args.tools is not None:
+        names = [t.strip() for t in args.tools.split(",") if t.strip()]
+        if not names:
+            raise ValueError("--tools names no tool (comma-separated names; omit it for the default tools)")
+        return names
     names = DEFAULT_TOOLS.split(",")
     if args.index:
         names.insert(0, "search_documents")
@@ -84,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--python-timeout must be > 0 seconds")
     if args.max_tokens < 1:
         raise ValueError("--max-tokens must be >= 1")
+    if args.temperature is not None and not 0 <= args.temperature <= 2:  # nan fails this too
+        raise ValueError(f"--temperature must be from 0 to 2, got {args.temperature}")
     # the server would refuse them with a 400 at the first step: SamplingParams checks the same bounds now
     SamplingParams(presence_penalty=args.presence_penalty or 0.0, frequency_penalty=args.frequency_penalty or 0.0)
     from quicksilver.engine import model_thread

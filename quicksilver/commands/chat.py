@@ -76,10 +76,18 @@ def run(args: argparse.Namespace) -> int:
     tok = loaded.tokenizer
     if tools is not None:
         check_tools(tools, tok)
+        for tool in tools:  # a call's arguments are a JSON object: no call could satisfy another type
+            parameters = tool["function"].get("parameters")
+            if isinstance(parameters, dict) and parameters.get("type", "object") != "object":
+                raise ValueError(f"--tools: parameters of tool {tool['function'].get('name')!r} must be a JSON "
+                                 f"Schema of type \"object\", got type {json.dumps(parameters['type'])}")
 
     def constraints_for(choice: str | None):
-        return constraint_factory(tok, tools=tools, tool_choice=choice, json_schema=schema,
-                                  json_object=args.json, max_tokens=params.max_tokens)
+        try:
+            return constraint_factory(tok, tools=tools, tool_choice=choice, json_schema=schema,
+                                      json_object=args.json, max_tokens=params.max_tokens)
+        except MemoryError:  # e.g. a minLength of 100000: its automaton would not fit in memory
+            raise ValueError("the schema is too large to enforce") from None
 
     user_choice = (args.tool_choice or "auto") if tools else None
     factories = {user_choice: constraints_for(user_choice)}

@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from quicksilver.tokenizer import Tokenizer
 
+    if args.action == "stats" and args.samples < 1:
+        raise ValueError("--samples must be >= 1")
     tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else None
     if args.action == "show":
         return _show(args, tokenizer)

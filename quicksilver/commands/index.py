@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
 DEFAULT_INDEX = os.environ.get("QUICKSILVER_INDEX", "quicksilver-index.sqlite")
@@ -41,20 +42,22 @@ def run(args: argparse.Namespace) -> int:
     from quicksilver.rag.store import Index
 
     if args.action == "add":
-        with Index(args.index) as index:
-            started = time.perf_counter()
-            totals = {"added": 0, "updated": 0, "unchanged": 0, "error": 0}
-
-            def report(r) -> None:
-                totals[r.status] += 1
-                extra = f" ({r.chunks} chunks)" if r.status in ("added", "updated") else f" ({r.error})" * bool(r.error)
-                print(f"{r.status:9s} {r.path}{extra}", flush=True)
-
-            index.add_paths(args.paths, args.chunk_chars, args.overlap_chars, args.force, on_result=report)
-            s = index.stats()
-            print(f"{', '.join(f'{v} {k}' for k, v in totals.items())} in {time.perf_counter() - started:.1f} s; "
-                  f"index {args.index}: {s['documents']} documents, {s['chunks']} chunks")
-        return 1 if totals["error"] and not (totals["added"] + totals["updated"] + totals["unchanged"]) else 0
+        if args.chunk_chars < 50:
+            raise ValueError(f"--chunk-chars must be at least 50, got {args.chunk_chars}")
+        if not 0 <= args.overlap_chars < args.chunk_chars // 2:
+            raise ValueError(f"--overlap-chars must be >= 0 and less than half of --chunk-chars, got "
+                             f"{args.overlap_chars}")
+        missing = [p for p in args.paths if not os.path.exists(p)]
+        if missing:  # before the index file is created
+            raise FileNotFoundError(f"{', '.join(missing)}: no such file or folder")
+        created, code = not os.path.exists(args.index), 1
+        try:
+            with Index(args.index) as index:
+                code = _add(args, index)
+            return code
+        finally:
+            if created and code != 0:  # a failed first add leaves no empty index behind
+                _remove_if_empty(args.index)
 
     with Index(args.index, create=False) as index:
         if args.action == "list":
@@ -86,3 +89,40 @@ def run(args: argparse.Namespace) -> int:
                 print(f"[{i}] {h.score:.4f}  {h.citation}\n    {snippet[:300]}")
             print(f"{len(hits)} hits in {ms:.0f} ms ({args.mode})")
     return 0
+
+
+def _add(args: argparse.Namespace, index) -> int:
+    import time
+
+    started = time.perf_counter()
+    totals = {"added": 0, "updated": 0, "unchanged": 0, "error": 0}
+
+    def report(r) -> None:
+        totals[r.status] += 1
+        extra = f" ({r.chunks} chunks)" if r.status in ("added", "updated") else f" ({r.error})" * bool(r.error)
+        print(f"{r.status:9s} {r.path}{extra}", flush=True)
+
+    index.add_paths(args.paths, args.chunk_chars, args.overlap_chars, args.force, on_result=report)
+    s = index.stats()
+    print(f"{', '.join(f'{v} {k}' for k, v in totals.items())} in {time.perf_counter() - started:.1f} s; "
+          f"index {args.index}: {s['documents']} documents, {s['chunks']} chunks")
+    return 1 if totals["error"] and not (totals["added"] + totals["updated"] + totals["unchanged"]) else 0
+
+
+def _remove_if_empty(path: str) -> None:
+    """Delete an index file this command created when no document made it in (and its WAL side files)."""
+    import sqlite3
+    from pathlib import Path
+
+    try:
+        conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            empty = conn.execute("SELECT count(*) FROM documents").fetchone()[0] == 0
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return
+    if empty:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path + suffix)

@@ -50,9 +50,12 @@ def run(args: argparse.Namespace) -> int:
             pass
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
+    if not args.shutdown_timeout >= 0:
+        raise ValueError("--shutdown-timeout must be >= 0 seconds")
     PrefixCache.check_size(args.prefix_cache_mb)
     if args.prefill_chunk < 0:
         raise ValueError("--prefill-chunk must be >= 0 (0: whole prompts at once)")
+    check_listen(args.host, args.port)  # a port in use: one line now, not uvicorn's log after the model loads
     import torch
     import uvicorn
 
@@ -77,3 +80,20 @@ def run(args: argparse.Namespace) -> int:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.shutdown_timeout)
     return 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """OSError (one line) unless ``host:port`` can be listened on now: an unknown host or a port in use."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"--host {host!r}: cannot resolve it ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None

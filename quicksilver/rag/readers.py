@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -89,10 +90,15 @@ def _pdf_text(path: Path) -> str:
         from pypdf import PdfReader
     except ImportError as exc:
         raise ReaderError(f"{path}: reading PDF needs the pypdf package (pip install pypdf)") from exc
+    pdf_log = logging.getLogger("pypdf")
+    level = pdf_log.level
+    pdf_log.setLevel(logging.ERROR)  # its warnings about a damaged file would print lines beside our one error
     try:
         pages = [page.extract_text() or "" for page in PdfReader(str(path)).pages]
     except Exception as exc:  # pypdf raises many types for damaged files
         raise ReaderError(f"{path}: cannot read PDF ({exc})") from exc
+    finally:
+        pdf_log.setLevel(level)
     return "\n\n".join(p.strip() for p in pages if p.strip())
 
 

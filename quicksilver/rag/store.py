@@ -155,16 +155,21 @@ class Index:
         except sqlite3.Error as exc:  # e.g. a folder given as the index, or no permission
             raise IndexStoreError(f"{self.path}: cannot open the index ({exc})") from exc
         try:
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA foreign_keys=ON")
             self.conn.execute("PRAGMA busy_timeout=10000")
+            # before anything writes (switching to WAL writes a header): a reader must leave a stray file as it is
             existing = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if existing or create:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
             self.conn.close()
             raise IndexStoreError(f"{self.path}: not a quicksilver index ({exc})") from exc
         if existing and "meta" not in existing:
             self.conn.close()
             raise IndexStoreError(f"{self.path}: not a quicksilver index (an unrelated SQLite file)")
+        if not existing and not create:  # e.g. an empty file: reading it must not turn it into an index
+            self.conn.close()
+            raise IndexStoreError(f"{self.path}: not a quicksilver index (an empty file)")
         try:
             self.conn.executescript(_SCHEMA)
         except sqlite3.Error as exc:  # e.g. a read-only file or folder

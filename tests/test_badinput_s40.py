@@ -1,0 +1,198 @@
+"""Bad input found by the session-40 audit: each case failed (a traceback, a 500, a changed file or a silent
+success) before its fix. CLI errors are one line and exit 2; HTTP errors are 4xx OpenAI envelopes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from quicksilver.api import chat as chat_route
+from quicksilver.api.embeddings import router as embeddings_router
+from quicksilver.api.server import create_app
+from quicksilver.cli import main
+from quicksilver.loading import load_model
+from quicksilver.rag.chunking import chunk_text
+from quicksilver.rag.store import Index
+from quicksilver.testing import save_tiny_model
+
+
+def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quicksilver.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=120)
+
+
+def one_line_error(out: subprocess.CompletedProcess, message: str) -> None:
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert message in out.stderr, out.stderr
+
+
+# -- CLI ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_generate_non_finite_temperature_is_an_error_not_a_traceback(value):
+    # nan passed SamplingParams' range check (nan < 0 is False) and torch.multinomial raised at the first step
+    one_line_error(cli("generate", "--model", "default", "hi", "--max-tokens", "4", "--temperature", value),
+                   "--temperature must be a finite number")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tools", ","], "--tools names no tool"),  # ran with no tools at all
+    (["--temperature", "nan"], "--temperature must be from 0 to 2"),  # "Out of range float values ..." after loading
+])
+def test_agent_flags_checked_before_anything_runs(args, message):
+    one_line_error(cli("agent", "x", "--model", "/no/such/model", *args), message)
+
+
+def test_data_stats_zero_samples():
+    one_line_error(cli("data", "stats", "--tokenizer", "/no/such/tokenizer", "--samples", "0"),
+                   "--samples must be >= 1")  # was a ZeroDivisionError traceback (and -5 a silent success)
+
+
+def test_serve_port_in_use_is_one_line_before_the_model_loads(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # the model named does not exist: the port is checked first (it was uvicorn's log, exit 3, after loading)
+        assert main(["serve", "--model", "/no/such/model", "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("quicksilver serve: error: cannot listen on") and "\n" not in err
+
+
+def test_chat_tools_with_non_object_parameters(tmp_path):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    # every turn printed "(error: the model did not produce a valid tool call)": no call can be a string
+    one_line_error(cli("chat", "--model", "default", "--tools", str(tmp_path / "tools.json"), stdin="hi\n"),
+                   'must be a JSON Schema of type "object"')
+
+
+# -- the index ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("action", [["list"], ["stats"], ["search", "ferry"]])
+def test_reading_an_empty_file_as_an_index_leaves_it_alone(tmp_path, capsys, action):
+    stray = tmp_path / "notes.txt"
+    stray.write_bytes(b"")
+    assert main(["index", "--index", str(stray), *action]) == 2
+    assert "not a quicksilver index" in capsys.readouterr().err
+    assert stray.read_bytes() == b""  # was turned into a 45 KB SQLite index by a read-only command
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_failed_first_add_leaves_no_index_file(tmp_path, capsys):
+    (tmp_path / "binary.txt").write_bytes(b"\x00\x01\x02")
+    (tmp_path / "doc.txt").write_text("The ferry leaves at noon.\n")
+    index = tmp_path / "new.sqlite"
+    assert main(["index", "--index", str(index), "add", str(tmp_path / "binary.txt")]) == 2
+    assert main(["index", "--index", str(index), "add", str(tmp_path / "doc.txt"), "--overlap-chars", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "looks binary" in err and "--overlap-chars must be >= 0" in err
+    assert not any(p.name.startswith("new.sqlite") for p in tmp_path.iterdir())  # an empty index was left behind
+
+
+def test_bad_chunk_flags_are_errors_even_when_nothing_changed(tmp_path, capsys):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The ferry leaves at noon.\n")
+    raw = doc.read_bytes()
+    with Index(tmp_path / "i.sqlite") as index:  # doc.txt indexed as it is (a stand-in vector: no embedder)
+        index.put_document(str(doc.resolve()), "t", "text", hashlib.sha256(raw).hexdigest(), len(raw),
+                           chunk_text(raw.decode()), np.ones((1, 4), np.float32), embedder_name="stand-in")
+    # the file is unchanged, so chunking never ran and the bad flag was accepted silently (exit 0)
+    assert main(["index", "--index", str(tmp_path / "i.sqlite"), "add", str(doc), "--chunk-chars", "0"]) == 2
+    assert "--chunk-chars must be at least 50" in capsys.readouterr().err
+
+
+def test_damaged_pdf_is_one_line(tmp_path):
+    pytest.importorskip("pypdf")
+    (tmp_path / "bad.pdf").write_bytes(b"\x00\x01\x02")
+    # pypdf's own warnings ("invalid pdf header", "EOF marker not found") came before the error line
+    one_line_error(cli("index", "--index", str(tmp_path / "i.sqlite"), "add", str(tmp_path / "bad.pdf")),
+                   "cannot read PDF")
+
+
+# -- HTTP -----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    folder = save_tiny_model(tmp_path_factory.mktemp("s40") / "tiny", "bidirectional", seed=1)
+    with TestClient(create_app(load_model(str(folder)), served_model_name="tiny", max_batch=4)) as c:
+        yield c
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def envelope(r) -> dict:
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def test_tool_parameters_must_be_an_object_schema(client):
+    for forced in ("required", "auto"):
+        r = client.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": HI, "tool_choice": forced, "max_tokens": 8,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]})
+        # "required" was a 500 ("the model did not produce a valid tool call") after decoding
+        assert r.status_code == 400, r.text
+        assert envelope(r)["param"] == "tools[0].function.parameters"
+
+
+def test_schema_too_large_to_enforce_is_a_400(client, monkeypatch):
+    # a {"type": "string", "minLength": 100000} schema made the automaton ask numpy for ~1000 GiB: MemoryError, 500
+    def too_big(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(chat_route, "_structured", lambda: types.SimpleNamespace(json_schema_constraint=too_big))
+    r = client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": HI, "max_tokens": 8,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}})
+    assert r.status_code == 400 and envelope(r)["param"] == "response_format"
+
+
+def test_text_part_without_text(client):
+    r = client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 2})
+    # was "content part type 'text' is not supported (text only)"
+    assert r.status_code == 400 and envelope(r)["param"] == "messages[0].content[0].text"
+
+
+@pytest.mark.parametrize("key", [" 1", "1_0", "\u0661"])
+def test_logit_bias_keys_are_plain_decimal_ids(client, key):
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2,
+                                                  "logit_bias": {key: 5}})
+    assert r.status_code == 400 and envelope(r)["param"] == "logit_bias"  # int() read them as ids 1, 10, 1
+
+
+def test_body_sent_without_json_content_type(client):
+    body = json.dumps({"model": "tiny", "messages": HI, "max_tokens": 2})
+    r = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "text/plain"})
+    # was "the request body must be a JSON object" for a body that is one
+    assert r.status_code == 400 and "application/json" in envelope(r)["message"]
+
+
+@pytest.fixture(scope="module")
+def bare():
+    app = FastAPI()
+    app.include_router(embeddings_router)
+    return TestClient(app)
+
+
+def test_embeddings_bad_bodies(bare):
+    nested = '{"model": "all-MiniLM-L6-v2", "input": ' + "[" * 5000 + "]" * 5000 + "}"
+    r = bare.post("/v1/embeddings", content=nested, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "nested too deeply" in envelope(r)["message"]  # a RecursionError: 500
+    for dims in ("384", 384.0, True):  # coerced: "384" and 384.0 served, true read as 1
+        r = bare.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "x", "dimensions": dims})
+        assert r.status_code == 400 and envelope(r)["param"] == "dimensions", dims
+    r = bare.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2"})
+    assert envelope(r)["message"] == "missing required field 'input'"  # the wording of the other routes
+    r = bare.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "x", "colour": 1})
+    assert envelope(r)["message"] == "unknown field 'colour'" and envelope(r)["param"] == "colour"
