@@ -10,6 +10,7 @@ canvas at every denoising step; each such delta replaces the previous one. ``"re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -111,9 +112,13 @@ class ChatPlan:
         self.prompt_ids = tok.encode(text)
 
     def constraint_factory(self, state: ServerState, max_tokens: int):
-        """A callable making one fresh constraint per choice (constraints may keep per-state data)."""
-        from quicksilver.structured.request import constraint_factory  # one rule, shared with `quicksilver eval`
+        """A callable making one fresh constraint per choice (constraints may keep per-state data).
 
+        Builds one now (which can take a while: call it off the event loop, as :meth:`constraints` does)."""
+        from quicksilver.structured.request import constraint_factory  # one rule, shared with `quicksilver eval`
+        from quicksilver.structured.schema import SchemaTooLarge
+
+        param = "tools" if self.forced_tools else "response_format"
         try:  # builds once now so an unsupported schema is a 400 before anything is queued
             return constraint_factory(
                 state.tokenizer,
@@ -123,12 +128,52 @@ class ChatPlan:
                 json_schema=self.json_schema,
                 strict=self.json_schema is not None and bool(self.response_format.json_schema.strict),
                 json_object=self.wants_json, max_tokens=max_tokens, builders=_structured())
+        except SchemaTooLarge as exc:  # refused up front by the compiler's bounds (quick)
+            raise APIError(400, f"cannot enforce this schema: {exc}", param=self._too_large_param(param),
+                           code="schema_too_large") from None
         except ValueError as exc:
+            raise APIError(400, f"cannot enforce this schema: {exc}", param=param) from None
+        except MemoryError:  # a last resort: the bounds should refuse such a schema before it is built
+            raise APIError(400, "cannot enforce this schema: it is too large to enforce", param=param,
+                           code="schema_too_large") from None
+
+    def _too_large_param(self, param: str) -> str:
+        """``tools[i].function.parameters`` for the (first) forced tool whose schema is too large, else ``param``."""
+        if not self.forced_tools:
+            return param
+        from quicksilver.structured.schema import SchemaCompiler, SchemaTooLarge
+
+        for i, t in enumerate(self.tools):
+            if t.function.parameters is None:
+                continue
+            try:
+                SchemaCompiler(t.function.parameters, strict=bool(t.function.strict)).compile()
+            except SchemaTooLarge:
+                return f"tools[{i}].function.parameters"
+            except ValueError:
+                continue
+        return param
+
+    def build_constraints(self, state: ServerState, max_tokens: int, n: int) -> list[Any] | None:
+        """``n`` fresh constraints (one per choice), or None to decode freely; APIError 400 if unenforceable."""
+        make = self.constraint_factory(state, max_tokens)
+        if make is None:
+            return None
+        try:
+            return [make() for _ in range(n)]
+        except ValueError as exc:  # the first build succeeded: the same schema again should too
             raise APIError(400, f"cannot enforce this schema: {exc}",
                            param="tools" if self.forced_tools else "response_format") from None
-        except MemoryError:  # e.g. a minLength of 100000: its automaton would not fit in memory
-            raise APIError(400, "cannot enforce this schema: it is too large to enforce",
-                           param="tools" if self.forced_tools else "response_format") from None
+
+    async def constraints(self, state: ServerState, max_tokens: int, n: int):
+        """What ``submit_all`` takes as ``constraint_for`` (None: free decoding), built in a worker thread.
+
+        Building a schema's automata can take a second or more (a long ``minLength``, a large pattern): on the
+        event loop that would stall every other request, health checks and streams meanwhile."""
+        if not self.use_tools and self.json_schema is None and not self.wants_json:
+            return None  # plain text: nothing to build
+        built = await asyncio.to_thread(self.build_constraints, state, max_tokens, n)
+        return None if built is None else iter(built).__next__
 
     # -- interpreting the output ----------------------------------------------------------------------
     def finish(self, result: GenerationResult) -> dict[str, Any]:
@@ -184,7 +229,7 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = build_params(req, engine.loaded.defaults, len(plan.prompt_ids), engine.context_length,
                           max_tokens, state.tokenizer.vocab_size, req.reasoning_effort)
-    constraint_for = plan.constraint_factory(state, params.max_tokens)
+    constraint_for = await plan.constraints(state, params.max_tokens, req.n)
     handles = submit_all(engine, [plan.prompt_ids], params, req.n, constraint_for, bool(req.diffusing))
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())

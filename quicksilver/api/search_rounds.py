@@ -149,7 +149,7 @@ async def chat_with_search_tool(
     while True:
         params = build_params(req, engine.loaded.defaults, len(plan.prompt_ids), engine.context_length,
                               max_tokens, state.tokenizer.vocab_size, req.reasoning_effort)
-        handles = submit_all(engine, [plan.prompt_ids], params, 1, plan.constraint_factory(state, params.max_tokens))
+        handles = submit_all(engine, [plan.prompt_ids], params, 1, await plan.constraints(state, params.max_tokens, 1))
         [result] = await results_or_disconnect(request, handles)
         results.append(result)
         prompt_tokens += len(plan.prompt_ids)

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             return constraint_factory(tok, tools=tools, tool_choice=choice, json_schema=schema,
                                       json_object=args.json, max_tokens=params.max_tokens)
-        except MemoryError:  # e.g. a minLength of 100000: its automaton would not fit in memory
+        except MemoryError:  # a last resort: the compiler's bounds refuse such schemas (SchemaTooLarge) first
             raise ValueError("the schema is too large to enforce") from None
 
     user_choice = (args.tool_choice or "auto") if tools else None

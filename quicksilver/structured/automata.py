@@ -43,6 +43,19 @@ class TooManyStates(ValueError):
     pass
 
 
+# Bounds on what one value slot may cost to build, checked before anything large is allocated (a request
+# that exceeds them is refused: the server answers 400 rather than working for minutes or running out of memory).
+MAX_COUNT = 1024  # largest string length / item count a counter tracks (minLength, maxItems, ...)
+MAX_RELATION = 1 << 25  # increments x states x states: the [K, S, S] transition relations (2 float32 copies)
+MAX_WORK = 1 << 28  # increments x states x states x counter width: one free position's reachability step
+
+
+def check_counter(auto: ByteAutomaton) -> None:
+    """TooManyStates if ``auto``'s counter bound is larger than :data:`MAX_COUNT`."""
+    if auto.counted and max(auto.count_min, auto.count_max or 0) > MAX_COUNT:
+        raise TooManyStates(f"its length or item count bound is larger than {MAX_COUNT}, too large to enforce")
+
+
 def enumerate_states(auto: ByteAutomaton, limit: int = 4000) -> tuple[list[Hashable], np.ndarray, np.ndarray]:
     """All states reachable from the start; byte tables next [S, 256] (-1 dead) and increment [S, 256]."""
     index: dict[Hashable, int] = {auto.start: 0}
@@ -77,6 +90,7 @@ class TokenAutomaton:
     """A byte automaton lifted to a vocabulary, plus the filler state (index ``fill``, last)."""
 
     def __init__(self, auto: ByteAutomaton, lex: Lexicon):
+        check_counter(auto)
         states, bnext, binc = enumerate_states(auto)
         n = len(states)
         accept = np.array([bool(auto.accept(s)) for s in states] + [True])
@@ -140,24 +154,23 @@ class TokenAutomaton:
         # distinct (increment) values and the state->state relation for each, for free positions
         self.max_inc = int(self.inc.max()) if self.inc.size else 0
         live = self.next >= 0
+        ks = np.unique(self.inc[live]).tolist() if live.any() else []
+        relation_size = len(ks) * self.n_states * self.n_states
+        if relation_size > MAX_RELATION or relation_size * self.width > MAX_WORK:
+            raise TooManyStates(f"value automaton is too large to enforce ({self.n_states} states, {len(ks)} "
+                                f"distinct increments, counter width {self.width})")
         self.relation: dict[int, np.ndarray] = {}  # k -> [S, S] uint8: some token moves s -> s' adding k
-        for k in np.unique(self.inc[live]).tolist() if live.any() else []:
+        for k in ks:
             rel = np.zeros((self.n_states, self.n_states), dtype=np.uint8)
             rows, cols = np.nonzero(live & (self.inc == k))
             rel[rows, self.next[rows, cols]] = 1
             self.relation[int(k)] = rel
-        # the same as stacked float matrices: rel[k] [S, S] and count moves P[k] [W, W] (c -> add(c, k))
-        ks = sorted(self.relation)
-        self._rel = np.stack([self.relation[k] for k in ks]).astype(np.float32) if ks else np.zeros(
+        # the same as stacked float matrices rel[k] [S, S]; the counter moves (c -> add(c, k)) are shifts
+        self._ks = [int(k) for k in ks]
+        self._rel = np.stack([self.relation[k] for k in self._ks]).astype(np.float32) if ks else np.zeros(
             (0, self.n_states, self.n_states), dtype=np.float32)
         self._rel_t = np.ascontiguousarray(self._rel.transpose(0, 2, 1))
-        moves = np.zeros((len(ks), self.width, self.width), dtype=np.float32)
-        for i, k in enumerate(ks):
-            tgt = self.add(k)
-            ok = tgt >= 0
-            moves[i, np.nonzero(ok)[0], tgt[ok]] = 1.0
-        self._moves = moves
-        self._moves_t = np.ascontiguousarray(moves.transpose(0, 2, 1))
+        self.min_length_memo: dict[int, int | None] = {}  # SlotSolver.min_length per limit
 
     @property
     def width(self) -> int:
@@ -183,11 +196,31 @@ class TokenAutomaton:
         return r
 
     # -- one position ---------------------------------------------------------------------------------
+    def shift_counts(self, r: np.ndarray, k: int) -> np.ndarray:
+        """[S, W] -> [S, W]: out[s, add(c, k)] = OR r[s, c] (each counter value moved up by ``k``)."""
+        width = self.width
+        out = np.zeros_like(r)
+        saturating = self.count_max is None
+        if k >= width:
+            if saturating:
+                out[:, -1] = r.any(axis=1)
+            return out
+        out[:, k:] = r[:, : width - k]
+        if saturating and k > 0:  # the counter saturates at count_min: values past it stay there
+            out[:, -1] |= r[:, width - k :].any(axis=1)
+        return out
+
+    def pull_counts(self, c: np.ndarray, k: int) -> np.ndarray:
+        """[S, W] -> [S, W]: out[s, x] = c[s, add(x, k)] (False where adding ``k`` passes the maximum)."""
+        tgt = self.add(k)
+        valid = tgt >= 0
+        return c[:, np.where(valid, tgt, 0)] & valid
+
     def forward_free(self, r: np.ndarray) -> np.ndarray:
         """Sets after one free position: out[p, d] = OR_k,s,c rel[k][s, p] & r[s, c] & (add(c, k) == d)."""
         if not self._rel.shape[0]:
             return np.zeros_like(r)
-        moved = r.astype(np.float32) @ self._moves  # [K, S, W]
+        moved = np.stack([self.shift_counts(r, k) for k in self._ks]).astype(np.float32)  # [K, S, W]
         return (self._rel_t @ moved).sum(axis=0) > 0
 
     def forward_token(self, r: np.ndarray, col: int) -> np.ndarray:
@@ -206,7 +239,7 @@ class TokenAutomaton:
         """Co-reachable sets one free position earlier: OR_k rel[k] @ c @ moves[k]^T."""
         if not self._rel.shape[0]:
             return np.zeros_like(c)
-        pulled = c.astype(np.float32) @ self._moves_t  # [K, S, W]: c[p, add(x, k)]
+        pulled = np.stack([self.pull_counts(c, k) for k in self._ks]).astype(np.float32)  # [K, S, W]
         return (self._rel @ pulled).sum(axis=0) > 0
 
     def backward_token(self, c: np.ndarray, col: int) -> np.ndarray:
@@ -321,7 +354,14 @@ class SlotSolver:
         return out
 
     def min_length(self, limit: int = 512) -> int | None:
-        """Fewest tokens that form an accepted value (None if none within ``limit``)."""
+        """Fewest tokens that form an accepted value (None if none within ``limit``); kept on the automaton,
+        which is shared by every layout of the same value (each canvas size, each request)."""
+        memo = self.a.min_length_memo
+        if limit not in memo:
+            memo[limit] = self._min_length(limit)
+        return memo[limit]
+
+    def _min_length(self, limit: int) -> int | None:
         a = self.a
         r = a.initial()
         fin = a.final()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -41,11 +42,15 @@ class Layout:
         return len(self.tokens)
 
 
+_cache_lock = threading.Lock()  # the server builds constraints in worker threads while the engine plans layouts
+
+
 def automaton_for(spec: tuple, lex: Lexicon) -> TokenAutomaton:
-    cache: OrderedDict = lex.__dict__.setdefault("_automata", OrderedDict())
-    auto = cache.get(spec)
-    if auto is not None:
-        cache.move_to_end(spec)
+    with _cache_lock:
+        cache: OrderedDict = lex.__dict__.setdefault("_automata", OrderedDict())
+        auto = cache.get(spec)
+        if auto is not None:
+            cache.move_to_end(spec)
     if auto is None:
         try:
             byte_auto = build(spec)
@@ -57,9 +62,10 @@ def automaton_for(spec: tuple, lex: Lexicon) -> TokenAutomaton:
             auto = TokenAutomaton(byte_auto, lex)
         except TooManyStates as exc:
             raise UnsupportedSchema(f"{_describe(spec)} is too complex to enforce ({exc})") from None
-        cache[spec] = auto
-        while len(cache) > AUTOMATA_PER_VOCABULARY:  # bounded: servers see many different schemas
-            cache.popitem(last=False)
+        with _cache_lock:
+            cache[spec] = auto
+            while len(cache) > AUTOMATA_PER_VOCABULARY:  # bounded: servers see many different schemas
+                cache.popitem(last=False)
     return auto
 
 

@@ -59,4 +59,12 @@ def constraint_factory(
             return builders.json_object_constraint(tokenizer, max_tokens=max_tokens)
     else:
         return None
-    return None if make() is None else make  # built once now: a request that cannot be served fails here
+    first = make()  # built now: a request that cannot be served fails here
+    if first is None:
+        return None
+    built = [first]
+
+    def fresh() -> Any:  # the one built above serves the first choice (no second build), then new ones
+        return built.pop() if built else make()
+
+    return fresh

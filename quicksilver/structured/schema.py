@@ -21,6 +21,7 @@ data. Strategy for the parts a skeleton cannot leave open (documented, determini
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from decimal import Decimal
@@ -28,11 +29,17 @@ from typing import Any
 
 import jsonschema
 
+from quicksilver.structured.automata import MAX_COUNT
 from quicksilver.structured.regex import FORMATS, compile_pattern
 
 
 class UnsupportedSchema(ValueError):
     """The schema uses a feature the constrained decoder cannot enforce (the server answers 400)."""
+
+
+class SchemaTooLarge(UnsupportedSchema):
+    """The schema is too large to enforce (too many values, lengths or item counts past the bounds): refused
+    up front, before the work or memory it would take is spent."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,11 @@ STRING_TOKENS = 16  # default tokens for a string value (S3 uses 16 as well)
 NUMBER_TOKENS = 8
 ARRAY_ITEMS = 3  # default item budget for arrays of simple values
 _MAX_DEPTH = 12
+# Bounds on the work a schema may ask for, checked while it is compiled (before any automaton is built), so a
+# schema too large to enforce is refused in well under a second instead of building for minutes or exhausting
+# memory. Generous: a tool's arguments or an answer's fields are tens of values, not hundreds.
+MAX_SCHEMA_NODES = 2048  # sub-schemas compiled (each $ref expansion counts: no exponential blow-up)
+MAX_SLOTS = 256  # value slots in one skeleton (each gets its own automaton and at least one canvas token)
 
 
 def dumps(value: Any) -> str:
@@ -77,6 +89,7 @@ class SchemaCompiler:
         self.root = root
         self.strict = strict
         self._active: list[str] = []  # $refs being expanded (recursion check)
+        self._nodes = 0  # sub-schemas compiled so far (bounded by MAX_SCHEMA_NODES)
         try:
             jsonschema.validators.validator_for(root).check_schema(root)
         except jsonschema.SchemaError as exc:
@@ -114,11 +127,19 @@ class SchemaCompiler:
 
     # -- entry -----------------------------------------------------------------------------------------
     def compile(self) -> list[Piece]:
-        return _merge(self.value(self.root, 0))
+        pieces = _merge(self.value(self.root, 0))
+        slots = sum(isinstance(p, Slot) for p in pieces)
+        if slots > MAX_SLOTS:
+            raise SchemaTooLarge(f"the schema has {slots} values to fill, more than the {MAX_SLOTS} that can be "
+                                 "enforced")
+        return pieces
 
     def value(self, schema: Any, depth: int) -> list[Piece]:
         if depth > _MAX_DEPTH:
             raise UnsupportedSchema(f"schema nesting deeper than {_MAX_DEPTH} levels (recursive schema?)")
+        self._nodes += 1
+        if self._nodes > MAX_SCHEMA_NODES:
+            raise SchemaTooLarge(f"the schema expands to more than {MAX_SCHEMA_NODES} sub-schemas")
         ref = schema.get("$ref") if isinstance(schema, dict) else None
         if ref is None:
             return self._value(schema, depth)
@@ -212,6 +233,8 @@ class SchemaCompiler:
         for alt in alts:  # alternatives we cannot enforce are dropped (one valid branch is enough)
             try:
                 compiled.append(self.value(alt, depth + 1))
+            except SchemaTooLarge:
+                raise  # refused outright (not dropped: the rest of the schema would be as large)
             except UnsupportedSchema as exc:
                 error = error or exc
         if error is not None and (one_of or not compiled):
@@ -256,6 +279,8 @@ class SchemaCompiler:
         for name in names:
             try:
                 value = self.value(props[name], depth + 1)
+            except SchemaTooLarge:
+                raise
             except UnsupportedSchema:
                 if name in required:
                     raise
@@ -291,8 +316,11 @@ class SchemaCompiler:
             return self._fixed_items(schemas, depth)
         if max_items is not None and max_items < min_items:
             raise UnsupportedSchema("maxItems < minItems")
+        max_items = _within_count(min_items, max_items, "minItems")
         try:
             item_pieces = self.value(items, depth + 1)
+        except SchemaTooLarge:
+            raise
         except UnsupportedSchema:
             if min_items == 0:
                 return ["[]"]  # no item we can write: the empty array is still valid
@@ -327,6 +355,7 @@ class SchemaCompiler:
         hi = schema.get("maxLength")
         if hi is not None and hi < lo:
             raise UnsupportedSchema("maxLength < minLength")
+        hi = _within_count(lo, hi, "minLength")
         pattern = schema.get("pattern")
         if pattern is None and schema.get("format") in FORMATS:  # known formats are enforced as patterns
             pattern = FORMATS[schema["format"]]
@@ -362,6 +391,15 @@ class SchemaCompiler:
         _require_value(spec, f"{'integer' if integer else 'number'} in this range")
         digits = max((len(b.split(".")[0]) for b in (lo, hi) if b is not None), default=0)
         return Slot(spec, max(NUMBER_TOKENS, digits + 4), True)
+
+
+def _within_count(lo: int, hi: Any, keyword: str) -> int | None:
+    """The upper bound to enforce for a counted value (string length, item count): a minimum past
+    :data:`MAX_COUNT` is refused; a maximum past it is lowered to it (every value written still satisfies the
+    schema, as the generated strings being a subset of what it allows already is)."""
+    if lo > MAX_COUNT:
+        raise SchemaTooLarge(f"{keyword} {lo} is too large to enforce (at most {MAX_COUNT})")
+    return None if hi is None else min(int(hi), MAX_COUNT)
 
 
 def _num(integer: bool) -> tuple:
@@ -442,16 +480,26 @@ def _first_bytes_disjoint(specs: list[tuple]) -> bool:
 
 def _require_value(spec: tuple, what: str) -> None:
     """UnsupportedSchema now (at compile time, so optional properties can be left out) if no value exists."""
-    from quicksilver.structured.automata import TooManyStates, enumerate_states
+    problem = _value_problem(spec)
+    if problem is not None:
+        raise UnsupportedSchema(f"{what}: {problem}" if problem != "none" else f"no {what} exists")
+
+
+@functools.lru_cache(maxsize=256)
+def _value_problem(spec: tuple) -> str | None:
+    """None if some value of ``spec`` exists; "none" if none does; else why it cannot be enforced (a schema with
+    many values of the same kind checks each kind once)."""
+    from quicksilver.structured.automata import TooManyStates, check_counter, enumerate_states
     from quicksilver.structured.values import build
 
     auto = build(spec)
     if auto is None:
-        raise UnsupportedSchema(f"no {what} exists")
+        return "none"
     try:
+        check_counter(auto)
         states, nxt, inc = enumerate_states(auto)
     except TooManyStates as exc:
-        raise UnsupportedSchema(f"{what}: {exc}") from None
+        return str(exc)
     # shortest accepted byte string with an acceptable count: BFS over (state, count) up to the bounds
     cap = (auto.count_max if auto.count_max is not None else auto.count_min) if auto.counted else 0
     seen = {(0, 0)}
@@ -460,7 +508,7 @@ def _require_value(spec: tuple, what: str) -> None:
         nxt_frontier = []
         for s, c in frontier:
             if auto.accept(states[s]) and (not auto.counted or c >= auto.count_min):
-                return
+                return None
             for b in range(256):
                 t = int(nxt[s, b])
                 if t < 0:
@@ -473,4 +521,4 @@ def _require_value(spec: tuple, what: str) -> None:
                     seen.add(key)
                     nxt_frontier.append(key)
         frontier = nxt_frontier
-    raise UnsupportedSchema(f"no {what} exists")
+    return "none"
