@@ -7,6 +7,7 @@ batch requests with different parameters because every choice below is made per 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -17,6 +18,15 @@ PolicyName = Literal[
 ]
 CacheMode = Literal["auto", "none", "prefix", "dual"]
 POLICIES: tuple[str, ...] = get_args(PolicyName)
+# seeds are signed 64-bit integers, as OpenAI's ``seed`` is; torch.Generator.manual_seed overflows past 64 bits
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+def seed_error(seed: int) -> str | None:
+    """Why ``seed`` cannot seed a request (the reason, without the field's name), or None if it can."""
+    if not SEED_MIN <= seed <= SEED_MAX:
+        return f"must be an integer from {SEED_MIN} to {SEED_MAX} (64 bits, signed), got {seed}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,16 +66,29 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not 0 <= self.temperature < math.inf:  # nan < 0 is False: nan would reach torch.multinomial
+            raise ValueError("temperature must be a finite number >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
-        if not 0 <= self.threshold <= 1:
-            raise ValueError("threshold must be in [0, 1]")
+        if self.seed is not None and seed_error(self.seed):
+            raise ValueError(f"seed {seed_error(self.seed)}")
+        # the policies' knobs: a value outside these ranges (nan included) decodes the same as the nearest bound
+        # or breaks the rule it parameterises (factor < 0 asks for confidences above 1), so it is a mistake
+        for name in ("threshold", "margin", "remask_threshold", "edit_threshold"):  # probabilities
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 1:
+                raise ValueError(f"{name} must be in [0, 1]")
+        for name in ("factor", "entropy_bound"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0")
+        if self.max_remasks_per_block is not None and self.max_remasks_per_block < 0:
+            raise ValueError("max_remasks_per_block must be >= 0")
+        if self.lookahead < 0:
+            raise ValueError("lookahead must be >= 0")
         if not 0 < self.accept_ratio <= 1:
             raise ValueError("accept_ratio must be in (0, 1]")
         if self.accept_ratio < 1 and self.policy != "self_speculative":

@@ -12,7 +12,7 @@ import types
 
 import numpy as np
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from quicksilver.api import chat as chat_route
@@ -22,6 +22,7 @@ from quicksilver.cli import main
 from quicksilver.loading import load_model
 from quicksilver.rag.chunking import chunk_text
 from quicksilver.rag.store import Index
+from quicksilver.sampling import SamplingParams
 from quicksilver.testing import save_tiny_model
 
 
@@ -76,6 +77,78 @@ def test_chat_tools_with_non_object_parameters(tmp_path):
                    'must be a JSON Schema of type "object"')
 
 
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("s40") / "tiny", "bidirectional", seed=1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", "factor", "--factor", "-1"], "factor must be a finite number >= 0"),  # decoded as factor 0
+    (["--policy", "threshold", "--threshold", "1.5"], "threshold must be in [0, 1]"),
+    (["--remask-threshold", "-0.5"], "remask_threshold must be in [0, 1]"),  # was accepted: never remasks
+    (["--edit-threshold", "2"], "edit_threshold must be in [0, 1]"),  # was accepted: never edits
+    (["--seed", str(2**70)], f"seed must be an integer from {-(2**63)} to {2**63 - 1}"),  # "Overflow when
+    (["--seed", str(-(2**70))], f"seed must be an integer from {-(2**63)} to {2**63 - 1}"),  # unpacking long long"
+])
+def test_generate_meaningless_decoding_values_are_refused(tiny_folder, args, message):
+    one_line_error(cli("generate", "--model", str(tiny_folder), "hi", "--max-tokens", "4", *args), message)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"factor": -1.0}, "factor must be a finite number >= 0"),
+    ({"factor": float("nan")}, "factor must be a finite number >= 0"),
+    ({"entropy_bound": -0.1}, "entropy_bound must be a finite number >= 0"),  # commits one position: bound 0
+    ({"margin": 1.5}, "margin must be in [0, 1]"),  # a top1 - top2 gap is never above 1
+    ({"margin": -0.5}, "margin must be in [0, 1]"),
+    ({"temperature": float("nan")}, "temperature must be a finite number >= 0"),  # nan < 0 is False
+    ({"max_remasks_per_block": -1}, "max_remasks_per_block must be >= 0"),
+    ({"lookahead": -8}, "lookahead must be >= 0"),
+    ({"seed": 2**64}, "seed must be an integer from"),
+])
+def test_sampling_params_refuse_meaningless_values(changes, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        SamplingParams(**changes)
+    SamplingParams(factor=0.0, entropy_bound=0.0, margin=1.0, seed=-(2**63), lookahead=0)  # the bounds are fine
+
+
+def test_chat_tools_names_follow_the_api_rule(tmp_path, tiny_folder):
+    tools = [{"type": "function", "function": {"name": "bad name!", "parameters": {"type": "object"}}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    # the API refused this name with a 400 and `quicksilver chat --tools` ran with it
+    one_line_error(cli("chat", "--model", str(tiny_folder), "--tools", str(tmp_path / "tools.json"), stdin="hi\n"),
+                   "tools[0].function.name: a tool name must be 1 to 64 ASCII letters, digits, '_', '.' or '-'")
+
+
+def test_agent_max_tokens_beyond_the_context_is_refused_up_front(tiny_folder):
+    out = cli("agent", "What is 2+2?", "--model", str(tiny_folder), "--max-tokens", "100000")
+    # was "[context_full] 0 steps" and exit 1
+    assert "--max-tokens must be less than the model's context length (" in out.stderr, out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "[context_full]" not in out.stderr, out.stderr
+
+
+def test_agent_context_overflow_at_the_first_step_is_an_error():
+    import openai
+    from fastapi.responses import JSONResponse
+    from openai import OpenAI
+
+    from quicksilver.agent import build_tools, run_agent
+    from quicksilver.agent.local_server import serve_in_thread
+
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):  # a module-level Request: FastAPI reads the annotation as a string
+        return JSONResponse({"error": {"message": "This model's maximum context length is 64 tokens. However, you "
+                                                  "requested 90 tokens.", "type": "invalid_request_error",
+                                       "param": "messages", "code": "context_length_exceeded"}}, status_code=400)
+
+    with serve_in_thread(app) as url:
+        client = OpenAI(base_url=url, api_key="x", max_retries=0)
+        # was an episode "stopped because context_full" with no step: the task itself cannot fit
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 64"):
+            run_agent(client, "scripted", "x" * 500, build_tools(["calculator"]), max_steps=2)
+
+
 # -- the index ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("action", [["list"], ["stats"], ["search", "ferry"]])
 def test_reading_an_empty_file_as_an_index_leaves_it_alone(tmp_path, capsys, action):
@@ -120,9 +193,8 @@ def test_damaged_pdf_is_one_line(tmp_path):
 
 # -- HTTP -----------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    folder = save_tiny_model(tmp_path_factory.mktemp("s40") / "tiny", "bidirectional", seed=1)
-    with TestClient(create_app(load_model(str(folder)), served_model_name="tiny", max_batch=4)) as c:
+def client(tiny_folder):
+    with TestClient(create_app(load_model(str(tiny_folder)), served_model_name="tiny", max_batch=4)) as c:
         yield c
 
 
@@ -196,3 +268,33 @@ def test_embeddings_bad_bodies(bare):
     assert envelope(r)["message"] == "missing required field 'input'"  # the wording of the other routes
     r = bare.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "x", "colour": 1})
     assert envelope(r)["message"] == "unknown field 'colour'" and envelope(r)["param"] == "colour"
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**70])
+def test_seed_range_is_said(client, seed):
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2, "seed": seed})
+    assert r.status_code == 400 and envelope(r)["param"] == "seed"
+    # was "Input should be less than 9223372036854775808" (or greater than...): one bound, not the range
+    assert f"must be an integer from {-(2**63)} to {2**63 - 1}" in envelope(r)["message"]
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "seed": seed})
+    assert r.status_code == 400 and envelope(r)["param"] == "seed"
+
+
+def test_tool_name_rule_is_the_clis(client):
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2,
+                                                  "tools": [{"type": "function", "function": {"name": "bad name!"}}]})
+    assert r.status_code == 400 and "a tool name must be 1 to 64 ASCII letters" in envelope(r)["message"]
+
+
+@pytest.mark.parametrize("field, value", [("modalities", ["audio"]), ("modalities", ["text", "audio"]),
+                                          ("modalities", []),
+                                          ("prediction", {"type": "content", "content": "print('hi')"})])
+def test_unsupported_fields_with_non_neutral_values(client, field, value):
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2, field: value})
+    assert r.status_code == 400 and envelope(r)["param"] == field  # was a 200 that ignored them
+
+
+@pytest.mark.parametrize("field, value", [("modalities", ["text"]), ("modalities", None), ("prediction", None)])
+def test_unsupported_fields_with_neutral_values(client, field, value):
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2, field: value})
+    assert r.status_code == 200, r.text

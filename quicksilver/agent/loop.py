@@ -130,8 +130,8 @@ def run_agent(
         try:
             response = client.chat.completions.create(**request)
         except Exception as exc:  # the conversation outgrew the model's context: end the episode, keep its steps
-            if getattr(exc, "status_code", None) != 400 or "context length" not in str(exc):
-                raise
+            if getattr(exc, "status_code", None) != 400 or "context length" not in str(exc) or not result.steps:
+                raise  # at the first step there is no episode to keep: the task or max_tokens cannot fit
             result.stopped_because = "context_full"
             break
         model_seconds = time.perf_counter() - t0

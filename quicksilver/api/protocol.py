@@ -17,6 +17,9 @@ from typing import Annotated, Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
+from quicksilver.sampling import seed_error
+from quicksilver.structured.tools import tool_name_error
+
 REASONING_EFFORTS = ("none", "minimal", "instant", "low", "medium", "high", "xhigh")
 
 
@@ -93,10 +96,18 @@ class ChatMessage(Strict):
 
 
 class FunctionDef(Strict):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        error = tool_name_error(v)  # the rule `quicksilver chat --tools` applies too
+        if error:
+            raise ValueError(error)
+        return v
 
 
 class Tool(Strict):
@@ -177,7 +188,7 @@ class SamplingFields(Strict):
     top_k: StrictInt | None = Field(default=None, ge=0)  # extension (vLLM-style)
     n: StrictInt = Field(default=1, ge=1, le=16)
     stop: StopField = None
-    seed: StrictInt | None = Field(default=None, ge=-(2**63), lt=2**63)
+    seed: StrictInt | None = None  # a signed 64-bit integer (SamplingParams' rule)
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -190,6 +201,13 @@ class SamplingFields(Strict):
     service_tier: str | None = None
 
     _stop = field_validator("stop")(classmethod(lambda cls, v: _check_stop(v)))
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        if v is not None and seed_error(v):
+            raise ValueError(seed_error(v))
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -227,6 +245,20 @@ class ChatCompletionRequest(SamplingFields):
         if v is not None:
             instead = "tools" if info.field_name == "functions" else "tool_choice"
             raise ValueError(f"the deprecated {info.field_name!r} is not supported; send {instead!r} instead")
+        return v
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and set(v) != {"text"}:  # ["text"] is the neutral value; audio output we cannot give
+            raise ValueError(f'only ["text"] is supported, got {json.dumps(v)}')
+        return v
+
+    @field_validator("prediction")
+    @classmethod
+    def _no_prediction(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:  # null is the neutral value
+            raise ValueError("predicted outputs are not supported; omit 'prediction' or send null")
         return v
 
     @field_validator("reasoning_effort")

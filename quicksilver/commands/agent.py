@@ -71,6 +71,19 @@ def _server_errors_as_one_line(openai, where):
         raise ValueError(f"the server at {where()} answered {exc.status_code}: {message or exc.message}") from None
 
 
+def _check_max_tokens(client, model: str, max_tokens: int, openai) -> None:
+    """--max-tokens that no prompt leaves room for, refused before the first step (each step would be a 400) when
+    the server's model card says its context length (ours does; other servers may not)."""
+    try:
+        card = client.models.retrieve(model)
+    except openai.APIStatusError:  # a server without GET /models/{id}: its first answer will say
+        return
+    context = (getattr(card, "model_extra", None) or {}).get("context_length")
+    if isinstance(context, int) and max_tokens >= context:
+        raise ValueError(f"--max-tokens must be less than the model's context length ({context} tokens, "
+                         f"prompt included), got {max_tokens}")
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -120,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
                                                                       worker=worker)))
             client = OpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=600)
             model = client.models.list().data[0].id
+        _check_max_tokens(client, model, args.max_tokens, openai)
         print(f"agent: model {model!r} at {base_url}; tools: {', '.join(t.name for t in tools)}", file=sys.stderr)
         result = run_agent(client, model, task, tools, max_steps=args.max_steps, first_tool_choice=first_choice,
                            max_tokens=args.max_tokens, temperature=args.temperature,

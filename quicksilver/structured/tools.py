@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,16 @@ if TYPE_CHECKING:
     from quicksilver.decoding.denoise import DecodeState
 
 
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # OpenAI's rule for a function name
+
+
+def tool_name_error(name: str) -> str | None:
+    """Why ``name`` cannot name a tool, or None if it can: one rule for the API's requests and the CLI's files."""
+    if TOOL_NAME.fullmatch(name) is None:
+        return f"a tool name must be 1 to 64 ASCII letters, digits, '_', '.' or '-', got {name!r}"
+    return None
+
+
 def function_schemas(tools: list[dict]) -> dict[str, dict]:
     """name -> parameters schema, from OpenAI-format tools (ValueError on malformed tools)."""
     if not isinstance(tools, list) or not tools:
@@ -39,6 +50,8 @@ def function_schemas(tools: list[dict]) -> dict[str, dict]:
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise ValueError(f"tools[{i}].function.name must be a non-empty string")
+        if tool_name_error(name):
+            raise ValueError(f"tools[{i}].function.name: {tool_name_error(name)}")
         params = fn.get("parameters")
         if params is None:
             params = {"type": "object", "properties": {}}
