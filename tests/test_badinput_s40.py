@@ -298,3 +298,39 @@ def test_unsupported_fields_with_non_neutral_values(client, field, value):
 def test_unsupported_fields_with_neutral_values(client, field, value):
     r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2, field: value})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, 2**63 - 2, -(2**63)])
+def test_the_largest_seeds_serve_several_choices(client, seed):
+    """Choice i is seeded seed + i: at the top of the range that must wrap around, not turn an accepted seed into
+    a 400 about a seed the client never sent."""
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2, "seed": seed,
+                                                  "n": 3})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 3
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "seed": seed, "n": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_listen_check_binds_as_uvicorn_does():
+    """An IPv4 listener does not keep ``--host ::`` from serving (asyncio binds IPv6-only), and "" means every
+    interface rather than a name to resolve."""
+    import socket
+
+    from quicksilver.commands.serve import check_listen
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as v4:
+        v4.bind(("0.0.0.0", 0))
+        v4.listen()
+        port = v4.getsockname()[1]
+        try:
+            check_listen("::", port)
+        except OSError as exc:
+            if "resolve" in str(exc) or "Cannot assign" in str(exc):
+                pytest.skip(f"no usable IPv6 here: {exc}")
+            raise
+        with pytest.raises(OSError, match="cannot listen"):
+            check_listen("0.0.0.0", port)
+        check_listen("", port)

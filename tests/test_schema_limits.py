@@ -169,3 +169,25 @@ def test_cli_too_large_schema_is_one_line(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "too large to enforce" in out.stderr
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "note": {"type": "string", "minLength": 1500}},
+     "required": ["a"]},  # an optional property too long to enforce is left out, as others that cannot be are
+    {"anyOf": [{"type": "string", "minLength": 1500}, {"type": "integer"}]},  # so is an alternative
+])
+def test_a_value_too_large_is_left_out_where_it_may_be(schema):
+    pieces = SchemaCompiler(schema).compile()
+    assert pieces  # compiled: the rest is enforced
+
+
+def test_whole_schema_budgets_are_never_left_out_in_part():
+    # an optional property that expands (by $ref, each level doubling) past the sub-schema budget refuses the whole
+    # schema: left out, it would still have cost the work the budget is there to bound
+    defs = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"},
+                                                       "b": {"$ref": f"#/$defs/d{i + 1}"}},
+                      "required": ["a", "b"]} for i in range(11)} | {"d11": {"type": "boolean"}}
+    schema = {"$defs": defs, "type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}, "y": {"type": "integer"}},
+              "required": ["y"]}
+    with pytest.raises(SchemaTooLarge, match="sub-schemas"):
+        SchemaCompiler(schema).compile()

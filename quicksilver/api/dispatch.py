@@ -49,7 +49,7 @@ def submit_all(
     try:
         for ids in prompts:
             for i in range(n):
-                p = params if params.seed is None or i == 0 else params.replace(seed=params.seed + i)
+                p = params if params.seed is None or i == 0 else params.replace(seed=choice_seed(params.seed, i))
                 constraint = constraint_for() if constraint_for else None
                 handles.append(engine.submit(ids, p, constraint, snapshots=snapshots))
     except BaseException as exc:
@@ -126,3 +126,9 @@ def sse(obj: Any) -> str:
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def choice_seed(seed: int, i: int) -> int:
+    """Choice ``i``'s seed for a request seeded ``seed``: ``seed + i``, wrapped around within signed 64 bits (any
+    seed the API accepts, up to 2**63 - 1, still gives n distinct valid seeds)."""
+    return (seed + i + 2**63) % 2**64 - 2**63

@@ -86,6 +86,8 @@ def check_listen(host: str, port: int) -> None:
     """OSError (one line) unless ``host:port`` can be listened on now: an unknown host or a port in use."""
     import socket
 
+    if not host:  # "": every interface, as uvicorn (asyncio) reads it; left to uvicorn
+        return
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -93,6 +95,8 @@ def check_listen(host: str, port: int) -> None:
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        if family == socket.AF_INET6:  # as asyncio binds it: IPv6 only, so an IPv4 listener does not clash
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:
             sock.bind(address)
         except OSError as exc:

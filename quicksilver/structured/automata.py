@@ -47,7 +47,7 @@ class TooManyStates(ValueError):
 # that exceeds them is refused: the server answers 400 rather than working for minutes or running out of memory).
 MAX_COUNT = 1024  # largest string length / item count a counter tracks (minLength, maxItems, ...)
 MAX_RELATION = 1 << 25  # increments x states x states: the [K, S, S] transition relations (2 float32 copies)
-MAX_WORK = 1 << 28  # increments x states x states x counter width: one free position's reachability step
+MAX_WORK = 1 << 30  # increments x states x states x counter width: one free position's reachability step (~7 s)
 
 
 def check_counter(auto: ByteAutomaton) -> None:

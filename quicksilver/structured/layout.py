@@ -10,7 +10,7 @@ import numpy as np
 
 from quicksilver.structured.automata import SlotSolver, TokenAutomaton, TooManyStates
 from quicksilver.structured.lexicon import Lexicon
-from quicksilver.structured.schema import Piece, Slot, UnsupportedSchema
+from quicksilver.structured.schema import Piece, SchemaTooLarge, Slot, UnsupportedSchema
 from quicksilver.structured.segmentation import Pinned
 from quicksilver.structured.values import UnionError, build
 from quicksilver.tokenizer import Tokenizer
@@ -61,7 +61,7 @@ def automaton_for(spec: tuple, lex: Lexicon) -> TokenAutomaton:
         try:
             auto = TokenAutomaton(byte_auto, lex)
         except TooManyStates as exc:
-            raise UnsupportedSchema(f"{_describe(spec)} is too complex to enforce ({exc})") from None
+            raise SchemaTooLarge(f"{_describe(spec)} is too large to enforce ({exc})") from None
         with _cache_lock:
             cache[spec] = auto
             while len(cache) > AUTOMATA_PER_VOCABULARY:  # bounded: servers see many different schemas

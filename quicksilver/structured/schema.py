@@ -38,8 +38,13 @@ class UnsupportedSchema(ValueError):
 
 
 class SchemaTooLarge(UnsupportedSchema):
-    """The schema is too large to enforce (too many values, lengths or item counts past the bounds): refused
-    up front, before the work or memory it would take is spent."""
+    """A value too large to enforce (a length or item count past the bounds, an automaton too large): refused up
+    front, before the work or memory it would take is spent. Like any value that cannot be enforced, an optional
+    property or an alternative of this kind is left out; a required one refuses the schema."""
+
+
+class SchemaOverBudget(SchemaTooLarge):
+    """The schema as a whole is too large (too many sub-schemas or values): refused, never left out in part."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ class SchemaCompiler:
         pieces = _merge(self.value(self.root, 0))
         slots = sum(isinstance(p, Slot) for p in pieces)
         if slots > MAX_SLOTS:
-            raise SchemaTooLarge(f"the schema has {slots} values to fill, more than the {MAX_SLOTS} that can be "
+            raise SchemaOverBudget(f"the schema has {slots} values to fill, more than the {MAX_SLOTS} that can be "
                                  "enforced")
         return pieces
 
@@ -139,7 +144,7 @@ class SchemaCompiler:
             raise UnsupportedSchema(f"schema nesting deeper than {_MAX_DEPTH} levels (recursive schema?)")
         self._nodes += 1
         if self._nodes > MAX_SCHEMA_NODES:
-            raise SchemaTooLarge(f"the schema expands to more than {MAX_SCHEMA_NODES} sub-schemas")
+            raise SchemaOverBudget(f"the schema expands to more than {MAX_SCHEMA_NODES} sub-schemas")
         ref = schema.get("$ref") if isinstance(schema, dict) else None
         if ref is None:
             return self._value(schema, depth)
@@ -233,8 +238,8 @@ class SchemaCompiler:
         for alt in alts:  # alternatives we cannot enforce are dropped (one valid branch is enough)
             try:
                 compiled.append(self.value(alt, depth + 1))
-            except SchemaTooLarge:
-                raise  # refused outright (not dropped: the rest of the schema would be as large)
+            except SchemaOverBudget:
+                raise  # the whole schema is refused, not one branch
             except UnsupportedSchema as exc:
                 error = error or exc
         if error is not None and (one_of or not compiled):
@@ -279,7 +284,7 @@ class SchemaCompiler:
         for name in names:
             try:
                 value = self.value(props[name], depth + 1)
-            except SchemaTooLarge:
+            except SchemaOverBudget:
                 raise
             except UnsupportedSchema:
                 if name in required:
@@ -319,7 +324,7 @@ class SchemaCompiler:
         max_items = _within_count(min_items, max_items, "minItems")
         try:
             item_pieces = self.value(items, depth + 1)
-        except SchemaTooLarge:
+        except SchemaOverBudget:
             raise
         except UnsupportedSchema:
             if min_items == 0:
@@ -481,14 +486,16 @@ def _first_bytes_disjoint(specs: list[tuple]) -> bool:
 def _require_value(spec: tuple, what: str) -> None:
     """UnsupportedSchema now (at compile time, so optional properties can be left out) if no value exists."""
     problem = _value_problem(spec)
-    if problem is not None:
-        raise UnsupportedSchema(f"{what}: {problem}" if problem != "none" else f"no {what} exists")
+    if problem == "none":
+        raise UnsupportedSchema(f"no {what} exists")
+    if problem is not None:  # its automaton would be too large
+        raise SchemaTooLarge(f"{what}: {problem}")
 
 
 @functools.lru_cache(maxsize=256)
 def _value_problem(spec: tuple) -> str | None:
-    """None if some value of ``spec`` exists; "none" if none does; else why it cannot be enforced (a schema with
-    many values of the same kind checks each kind once)."""
+    """None if some value of ``spec`` exists; "none" if none does; else why its automaton is too large to enforce
+    (a schema with many values of the same kind checks each kind once)."""
     from quicksilver.structured.automata import TooManyStates, check_counter, enumerate_states
     from quicksilver.structured.values import build
 
