@@ -288,13 +288,16 @@ def test_tool_name_rule_is_the_clis(client):
 
 @pytest.mark.parametrize("field, value", [("modalities", ["audio"]), ("modalities", ["text", "audio"]),
                                           ("modalities", []),
-                                          ("prediction", {"type": "content", "content": "print('hi')"})])
+                                          ("prediction", {"type": "content", "content": "print('hi')"}),
+                                          ("web_search_options", {}), ("verbosity", "low"),
+                                          ("verbosity", "high")])
 def test_unsupported_fields_with_non_neutral_values(client, field, value):
     r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2, field: value})
     assert r.status_code == 400 and envelope(r)["param"] == field  # was a 200 that ignored them
 
 
-@pytest.mark.parametrize("field, value", [("modalities", ["text"]), ("modalities", None), ("prediction", None)])
+@pytest.mark.parametrize("field, value", [("modalities", ["text"]), ("modalities", None), ("prediction", None),
+                                          ("web_search_options", None), ("verbosity", "medium")])
 def test_unsupported_fields_with_neutral_values(client, field, value):
     r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 2, field: value})
     assert r.status_code == 200, r.text

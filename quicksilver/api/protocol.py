@@ -261,6 +261,21 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("predicted outputs are not supported; omit 'prediction' or send null")
         return v
 
+    @field_validator("web_search_options")
+    @classmethod
+    def _no_web_search(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:  # any object asks for a web search, which an offline server cannot make
+            raise ValueError("web search is not supported (the server is offline); omit 'web_search_options' or send "
+                             "null ('retrieval' searches the server's own document index)")
+        return v
+
+    @field_validator("verbosity")
+    @classmethod
+    def _default_verbosity(cls, v: str | None) -> str | None:
+        if v not in (None, "medium"):  # medium is the neutral value: the model's answers are as long as they are
+            raise ValueError(f"only 'medium' is supported, got {v!r}; use max_tokens to bound an answer's length")
+        return v
+
     @field_validator("reasoning_effort")
     @classmethod
     def _effort(cls, v: str | None) -> str | None:
