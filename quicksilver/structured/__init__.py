@@ -7,6 +7,9 @@
 * :func:`auto_tool_constraint`: ``tool_choice="auto"``, decide then constrain (opt-in).
 * :func:`parse_tool_calls`: validated calls from a free ("auto") answer, or None.
 * Every constraint has ``validate(text)``; :func:`constrained_text` decodes a finished state and validates.
+* Bounds (``SchemaTooLarge``, a kind of ``UnsupportedSchema``): lengths and item counts up to 1,024, 2,048
+  sub-schemas, 256 values and a cap on each automaton's size, checked before the work is spent; the server builds
+  constraints in a worker thread, so a long build does not hold up other requests.
 """
 
 from __future__ import annotations
