@@ -537,8 +537,12 @@ class CopyHead(nn.Module):
         q = self.q_proj(h).view(b, n, self.n_pointers, self.head_dim).transpose(1, 2)  # [B, P, n, hd]
         cos, sin = rope_cos_sin(query_positions, self.rot_dim, self.rope_theta, q.dtype)
         q = apply_rope(q, cos, sin)
-        keys = keys.repeat(1, self.n_pointers // self.n_kv, 1, 1)  # pointer p reads key/value head p % KV
-        scores = (q.float() @ keys.float().transpose(-1, -2)) / math.sqrt(self.head_dim)  # [B, P, n, S]
+        # pointer p reads key/value head p % KV: the pointers of one head as one product over its keys (repeating
+        # the keys for every pointer instead copied them all, the largest cost of a many-request step)
+        s, r = keys.shape[2], self.n_pointers // self.n_kv
+        q_by_head = q.float().view(b, r, self.n_kv, n, self.head_dim).transpose(1, 2).reshape(b, self.n_kv, r * n, -1)
+        scores = (q_by_head @ keys.float().transpose(-1, -2)).view(b, self.n_kv, r, n, s).transpose(1, 2)
+        scores = scores.reshape(b, self.n_pointers, n, s) / math.sqrt(self.head_dim)  # [B, P, n, S]
         copyable = visible & (tokens[:, None] != self.mask_token_id)  # [B, n, S]
         allowed, values = [copyable] * self.n_kv, [tokens[:, None].expand(b, n, -1)] * self.n_kv
         if self.n_pointers > self.n_kv:
