@@ -191,3 +191,18 @@ def test_whole_schema_budgets_are_never_left_out_in_part():
               "required": ["y"]}
     with pytest.raises(SchemaTooLarge, match="sub-schemas"):
         SchemaCompiler(schema).compile()
+
+
+def test_more_choices_than_the_server_holds_are_refused_before_any_build(tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    built: list = []
+    monkeypatch.setattr(chat_route, "_structured", lambda: types.SimpleNamespace(
+        json_schema_constraint=lambda *a, **k: built.append(1)))  # would record any build
+    folder = save_tiny_model(tmp_path / "tiny", "bidirectional", seed=1)
+    app = create_app(load_model(str(folder)), served_model_name="tiny", max_batch=2, max_queue=2)
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": HI, "max_tokens": 8, "n": 8,
+                                                      "response_format": schema_format({"type": "string"})})
+    assert r.status_code == 400 and envelope(r)["param"] == "n", r.text
+    assert built == []  # refused before building eight constraints for nothing

@@ -24,6 +24,7 @@ from fastapi.responses import StreamingResponse
 from quicksilver import structured
 from quicksilver.api.dispatch import (
     SSE_HEADERS,
+    check_capacity,
     check_logprobs,
     merged,
     results_or_disconnect,
@@ -229,6 +230,7 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = build_params(req, engine.loaded.defaults, len(plan.prompt_ids), engine.context_length,
                           max_tokens, state.tokenizer.vocab_size, req.reasoning_effort)
+    check_capacity(engine, 1, req.n)  # before building n constraints for a request that cannot be served
     constraint_for = await plan.constraints(state, params.max_tokens, req.n)
     handles = submit_all(engine, [plan.prompt_ids], params, req.n, constraint_for, bool(req.diffusing))
     rid = f"chatcmpl-{uuid.uuid4().hex}"

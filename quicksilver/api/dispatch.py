@@ -35,16 +35,22 @@ async def score(state: ServerState, prompt_ids: Sequence[int], answer_ids: Seque
     return await state.engine.run_in_worker(token_logprobs, state.engine.loaded.model, ids, start, top or 0)
 
 
+def check_capacity(engine: Engine, prompts: int, n: int) -> None:
+    """APIError 400 if ``prompts`` x ``n`` completions are more than the server ever holds at once (a retry, which
+    a 429 asks for, could not succeed). Checked before any work for the request (e.g. building its constraints)."""
+    total, capacity = prompts * n, engine.max_batch + engine.max_queue
+    if total > capacity:
+        asked = f"{prompts} prompt{'s' * (prompts != 1)} x n={n}"
+        raise APIError(400, f"this request asks for {total} completions ({asked}) but the server holds at most "
+                            f"{capacity} at a time", param="n" if prompts == 1 else "prompt")
+
+
 def submit_all(
     engine: Engine, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int,
     constraint_for=None, snapshots: bool = False,
 ) -> list[RequestHandle]:
     """Submit n choices per prompt (seed + i per choice); all-or-nothing."""
-    total, capacity = len(prompts) * n, engine.max_batch + engine.max_queue
-    if total > capacity:  # more than the server ever holds at once: a retry (what a 429 asks for) cannot succeed
-        asked = f"{len(prompts)} prompt{'s' * (len(prompts) != 1)} x n={n}"
-        raise APIError(400, f"this request asks for {total} completions ({asked}) but the server holds at most "
-                            f"{capacity} at a time", param="n" if len(prompts) == 1 else "prompt")
+    check_capacity(engine, len(prompts), n)
     handles: list[RequestHandle] = []
     try:
         for ids in prompts:
