@@ -74,8 +74,8 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}")
-        if self.seed is not None and seed_error(self.seed):
-            raise ValueError(f"seed {seed_error(self.seed)}")
+        if self.seed is not None and (error := seed_error(self.seed)):
+            raise ValueError(f"seed {error}")
         # the policies' knobs: a value outside these ranges (nan included) decodes the same as the nearest bound
         # or breaks the rule it parameterises (factor < 0 asks for confidences above 1), so it is a mistake
         for name in ("threshold", "margin", "remask_threshold", "edit_threshold"):  # probabilities

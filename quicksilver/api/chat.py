@@ -77,10 +77,8 @@ class ChatPlan:
                            param="tool_choice")
         for i, t in enumerate(self.tools):
             if t.function.parameters is not None:
-                kind = t.function.parameters.get("type", "object")
-                if kind != "object":  # arguments are a JSON object: no call could satisfy another type
-                    raise APIError(400, f"invalid schema for function {t.function.name!r}: parameters must be a "
-                                        f'JSON Schema of type "object", got type {json.dumps(kind)}',
+                if error := structured.tools.parameters_error(t.function.parameters):
+                    raise APIError(400, f"invalid schema for function {t.function.name!r}: {error}",
                                    param=f"tools[{i}].function.parameters")
                 try:
                     check_schema(t.function.parameters, f"tools[{i}].function.parameters")
@@ -119,7 +117,7 @@ class ChatPlan:
         from quicksilver.structured.request import constraint_factory  # one rule, shared with `quicksilver eval`
         from quicksilver.structured.schema import SchemaTooLarge
 
-        param = "tools" if self.forced_tools else "response_format"
+        param = self._schema_param
         try:  # builds once now so an unsupported schema is a 400 before anything is queued
             return constraint_factory(
                 state.tokenizer,
@@ -137,6 +135,11 @@ class ChatPlan:
         except MemoryError:  # a last resort: the bounds should refuse such a schema before it is built
             raise APIError(400, "cannot enforce this schema: it is too large to enforce", param=param,
                            code="schema_too_large") from None
+
+    @property
+    def _schema_param(self) -> str:
+        """The request field whose schema a constraint enforces."""
+        return "tools" if self.forced_tools else "response_format"
 
     def _too_large_param(self, param: str) -> str:
         """``tools[i].function.parameters`` for the (first) forced tool whose schema is too large, else ``param``."""
@@ -163,8 +166,7 @@ class ChatPlan:
         try:
             return [make() for _ in range(n)]
         except ValueError as exc:  # the first build succeeded: the same schema again should too
-            raise APIError(400, f"cannot enforce this schema: {exc}",
-                           param="tools" if self.forced_tools else "response_format") from None
+            raise APIError(400, f"cannot enforce this schema: {exc}", param=self._schema_param) from None
 
     async def constraints(self, state: ServerState, max_tokens: int, n: int):
         """What ``submit_all`` takes as ``constraint_for`` (None: free decoding), built in a worker thread.

@@ -104,8 +104,7 @@ class FunctionDef(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        error = tool_name_error(v)  # the rule `quicksilver chat --tools` applies too
-        if error:
+        if error := tool_name_error(v):  # the rule `quicksilver chat --tools` applies too
             raise ValueError(error)
         return v
 
@@ -205,8 +204,8 @@ class SamplingFields(Strict):
     @field_validator("seed")
     @classmethod
     def _seed(cls, v: int | None) -> int | None:
-        if v is not None and seed_error(v):
-            raise ValueError(seed_error(v))
+        if v is not None and (error := seed_error(v)):
+            raise ValueError(error)
         return v
 
     @model_validator(mode="before")

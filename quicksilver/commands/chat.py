@@ -76,11 +76,6 @@ def run(args: argparse.Namespace) -> int:
     tok = loaded.tokenizer
     if tools is not None:
         check_tools(tools, tok)
-        for tool in tools:  # a call's arguments are a JSON object: no call could satisfy another type
-            parameters = tool["function"].get("parameters")
-            if isinstance(parameters, dict) and parameters.get("type", "object") != "object":
-                raise ValueError(f"--tools: parameters of tool {tool['function'].get('name')!r} must be a JSON "
-                                 f"Schema of type \"object\", got type {json.dumps(parameters['type'])}")
 
     def constraints_for(choice: str | None):
         try:

@@ -38,6 +38,15 @@ def tool_name_error(name: str) -> str | None:
     return None
 
 
+def parameters_error(parameters: dict) -> str | None:
+    """Why a tool's ``parameters`` schema cannot describe a call's arguments, or None: they are a JSON object, so no
+    call could satisfy a schema of another type. One rule for the API's requests and the CLI's files."""
+    kind = parameters.get("type", "object")
+    if kind != "object":
+        return f'parameters must be a JSON Schema of type "object", got type {json.dumps(kind)}'
+    return None
+
+
 def function_schemas(tools: list[dict]) -> dict[str, dict]:
     """name -> parameters schema, from OpenAI-format tools (ValueError on malformed tools)."""
     if not isinstance(tools, list) or not tools:
@@ -50,8 +59,8 @@ def function_schemas(tools: list[dict]) -> dict[str, dict]:
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise ValueError(f"tools[{i}].function.name must be a non-empty string")
-        if tool_name_error(name):
-            raise ValueError(f"tools[{i}].function.name: {tool_name_error(name)}")
+        if error := tool_name_error(name):
+            raise ValueError(f"tools[{i}].function.name: {error}")
         params = fn.get("parameters")
         if params is None:
             params = {"type": "object", "properties": {}}
@@ -69,6 +78,8 @@ def check_tools(tools: list[dict], tokenizer: Tokenizer) -> None:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise ValueError(f"tool {name!r}: invalid JSON schema: {exc.message}") from None
+        if error := parameters_error(schema):
+            raise ValueError(f"tool {name!r}: {error}")
     if tokenizer.token_id(TOOL_CALLS) is None:
         raise ValueError("this model has no tool-call token; tools are not supported")
 
