@@ -276,3 +276,24 @@ def test_constrained_walk_stops_when_the_constraint_is_satisfied():
     spec = _with_perfect_drafts(dec, ids, params, ref.answer_ids, json_object_constraint(tok))
     assert spec.answer_ids == ref.answer_ids
     assert spec.stats.tokens == ref.stats.tokens
+
+
+def test_decode_state_has_what_the_hooks_read():
+    """Constraints and the speculation see a request through protocols (no import of the loop): the loop's state
+    must have every member they name, with the declared kind of value."""
+    import typing
+
+    from quicksilver.decoding import DecodeState
+    from quicksilver.decoding.speculative import SpeculatingRequest
+
+    dec = spec_decoder()
+    state = DecodeState(dec.tokenizer.encode("yes"), SPEC, dec)
+    hints = typing.get_type_hints(SpeculatingRequest)
+    assert {"tokens", "committed", "fixed", "prompt_len", "total", "end_ids", "frontier", "cache"} <= set(hints)
+    for name in hints:
+        assert hasattr(state, name), name
+    for name in ("tokens", "committed", "fixed", "end_ids"):
+        assert isinstance(getattr(state, name), torch.Tensor), name
+    for name in ("prompt_len", "total", "frontier", "block_end", "model_block"):
+        assert isinstance(getattr(state, name), int), name
+    assert state.answer_counts(state.frontier, dec.model.config.vocab_size).shape == (dec.model.config.vocab_size,)

@@ -7,27 +7,24 @@ veto commits (for left-to-right grammar gating). The loop calls these hooks; it 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from quicksilver.decoding.denoise import DecodeState
+from quicksilver.decoding.request_view import RequestView
 
 
 class Constraint:
     """Base class: no constraint. Subclasses override what they need."""
 
-    def pinned_tokens(self, state: DecodeState) -> dict[int, int]:
+    def pinned_tokens(self, state: RequestView) -> dict[int, int]:
         """Canvas positions (absolute) to fix before decoding, as {position: token id}."""
         return {}
 
-    def mask_logits(self, state: DecodeState, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def mask_logits(self, state: RequestView, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Return logits [n, V] for canvas ``positions`` with forbidden tokens set to -inf."""
         return logits
 
     def allow_commits(
-        self, state: DecodeState, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
+        self, state: RequestView, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
     ) -> torch.Tensor:
         """Filter the policy's choice ``keep`` [n]; must leave at least one True if any was True."""
         return keep
@@ -36,6 +33,6 @@ class Constraint:
         """Ids that pad a value slot on the canvas: dropped from the text and not counted as output tokens."""
         return frozenset()
 
-    def finished(self, state: DecodeState) -> bool:
+    def finished(self, state: RequestView) -> bool:
         """True once the constraint considers the answer complete (e.g. the skeleton is filled)."""
         return False

@@ -29,16 +29,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from quicksilver.config import ModelConfig
+from quicksilver.decoding.constraints import Constraint
+from quicksilver.decoding.kv_cache import KVCache
+from quicksilver.decoding.request_view import RequestView
 from quicksilver.sampling import SamplingParams, adjust_logits, sample_tokens
 
 if TYPE_CHECKING:
-    from quicksilver.decoding.denoise import DecodeState
     from quicksilver.tokenizer import Tokenizer
+
+
+class SpeculatingRequest(RequestView, Protocol):
+    """A request as the speculation reads it: its canvas, where its walk stands, and its cache."""
+
+    frontier: int  # first position not yet committed
+    block_end: int  # end of the region being decoded (a speculating request's answer end)
+    model_block: int
+    cache: KVCache | None
+    constraint: Constraint | None
+    generator: torch.Generator | None
+
+    def answer_counts(self, end: int, vocab_size: int) -> torch.Tensor: ...
 
 
 def can_verify(cfg: ModelConfig) -> bool:
@@ -117,7 +132,7 @@ class SelfSpeculation:
         batches (session 15, docs/performance.md section 7)."""
         return self.window + 2 if self.fixed_span is None else self.fixed_span
 
-    def layout(self, state: DecodeState) -> tuple[Layout, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def layout(self, state: SpeculatingRequest) -> tuple[Layout, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The forward for this step: (layout, input ids, positions, attention mask [T, cached + T])."""
         mb, f, be = state.model_block, state.frontier, state.block_end
         c0 = min(state.cache.length, f - 1) if state.cache is not None else 0
@@ -159,7 +174,7 @@ class SelfSpeculation:
         noisy_rows = lay.fed.numel() + lay.draft_positions - 1 - lay.noisy_start
         return torch.cat([clean_rows, noisy_rows])
 
-    def apply(self, state: DecodeState, lay: Layout, logits: torch.Tensor, tokenizer: Tokenizer) -> torch.Tensor:
+    def apply(self, state: SpeculatingRequest, lay: Layout, logits: torch.Tensor, tokenizer: Tokenizer) -> torch.Tensor:
         """Verify and commit from the frontier, store new drafts; returns the positions committed.
 
         Only the committed positions draw from the request's generator, one draw each, in order, so a seeded
@@ -233,6 +248,6 @@ def _near_top(row: torch.Tensor, top: int, draft: int | None, ratio: float, ends
     return draft if float(row[draft] - row[top]) >= math.log(ratio) else top
 
 
-def _stop_seen(state: DecodeState, pos: int, tokenizer: Tokenizer) -> bool:
+def _stop_seen(state: SpeculatingRequest, pos: int, tokenizer: Tokenizer) -> bool:
     text = tokenizer.decode(state.tokens[state.prompt_len : pos + 1].tolist())
     return any(stop in text for stop in state.params.stop)

@@ -40,12 +40,13 @@ import json
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from quicksilver.decoding.constraints import Constraint
+from quicksilver.decoding.request_view import RequestView
 from quicksilver.structured.layout import Layout, SlotRun, lay_out
 from quicksilver.structured.lexicon import Lexicon, lexicon_for
 from quicksilver.structured.schema import Piece
@@ -53,9 +54,6 @@ from quicksilver.structured.segmentation import natural_pieces
 from quicksilver.tokenizer import Tokenizer
 
 LAYOUTS = ("lazy", "fixed")
-
-if TYPE_CHECKING:
-    from quicksilver.decoding.denoise import DecodeState
 
 
 class StructuredOutputError(ValueError):
@@ -131,7 +129,7 @@ class StructuredConstraint(Constraint):
         self._planner = planner
         self._validate = validate
         self._plans: dict[tuple, Plan] = {}
-        self._runs: weakref.WeakKeyDictionary[DecodeState, _Run] = weakref.WeakKeyDictionary()
+        self._runs: weakref.WeakKeyDictionary[RequestView, _Run] = weakref.WeakKeyDictionary()
         # fail early (UnsupportedSchema for values no vocabulary string satisfies; ValueError if the
         # skeleton cannot fit max_tokens) rather than when decoding starts
         self.plan(None)
@@ -156,7 +154,7 @@ class StructuredConstraint(Constraint):
         return self._validate(text)
 
     # -- hooks -----------------------------------------------------------------------------------------
-    def pinned_tokens(self, state: DecodeState) -> dict[int, int]:
+    def pinned_tokens(self, state: RequestView) -> dict[int, int]:
         if state.params.stop:
             raise ValueError("stop sequences cannot be combined with structured output (they could cut the JSON)")
         end_ids = tuple(int(x) for x in state.end_ids.tolist())
@@ -174,14 +172,14 @@ class StructuredConstraint(Constraint):
         pins.update(self._pin_forced_lazy(state, run, {}))
         return pins
 
-    def _slot_cols(self, state: DecodeState, run: _Run, slot: SlotRun) -> list[int]:
+    def _slot_cols(self, state: RequestView, run: _Run, slot: SlotRun) -> list[int]:
         a = slot.automaton
         start = run.base + slot.offset
         toks = state.tokens[start : start + slot.length].tolist()
         done = state.committed[start : start + slot.length].tolist()
         return [a.col_of.get(t, -2) if ok else -1 for t, ok in zip(toks, done, strict=True)]
 
-    def mask_logits(self, state: DecodeState, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def mask_logits(self, state: RequestView, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         run = self._runs[state]
         n, vocab = logits.shape
         allow = np.zeros((n, vocab), dtype=bool)
@@ -224,7 +222,7 @@ class StructuredConstraint(Constraint):
         return logits.masked_fill(~torch.from_numpy(allow), float("-inf"))
 
     def allow_commits(
-        self, state: DecodeState, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
+        self, state: RequestView, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
     ) -> torch.Tensor:
         run = self._runs[state]
         if self.lazy:
@@ -273,7 +271,7 @@ class StructuredConstraint(Constraint):
         return out
 
     def _pin_forced(
-        self, state: DecodeState, run: _Run, trial: dict[int, list[int]], positions: torch.Tensor, out: torch.Tensor
+        self, state: RequestView, run: _Run, trial: dict[int, list[int]], positions: torch.Tensor, out: torch.Tensor
     ) -> None:
         """Pin open slot positions that have exactly one possible token left (the rest of a filler run,
         the tail of an enum alternative): they then cost no forward at all."""
@@ -296,7 +294,7 @@ class StructuredConstraint(Constraint):
                     state.committed[p] = state.fixed[p] = True
 
     def _maybe_expand(
-        self, state: DecodeState, run: _Run, positions: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor
+        self, state: RequestView, run: _Run, positions: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor
     ) -> None:
         """Once the choice slot (tool name) is complete, pin the chosen tail behind the head."""
         plan = run.plan
@@ -325,7 +323,7 @@ class StructuredConstraint(Constraint):
 
     # -- lazy layout -------------------------------------------------------------------------------------
     def _allow_commits_lazy(
-        self, state: DecodeState, run: _Run, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
+        self, state: RequestView, run: _Run, positions: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor
     ) -> torch.Tensor:
         """Commit the active slot's next positions left to right (the policy's picks, as long as they are
         contiguous and keep the slot completable); the filler there means "the value is over"."""
@@ -377,7 +375,7 @@ class StructuredConstraint(Constraint):
         self._pin_forced_lazy(state, run, trial)
         return out
 
-    def _lay_next(self, state: DecodeState, run: _Run) -> dict[int, int]:
+    def _lay_next(self, state: RequestView, run: _Run) -> dict[int, int]:
         """Pin the skeleton tokens from the end of the last closed slot up to the active slot (or the end)."""
         self._widen_active(state, run)
         slots = run.layout.slots
@@ -395,7 +393,7 @@ class StructuredConstraint(Constraint):
             pins[p] = tok
         return pins
 
-    def _widen_active(self, state: DecodeState, run: _Run) -> None:
+    def _widen_active(self, state: RequestView, run: _Run) -> None:
         """Give the slot about to be written every canvas position the skeleton does not need: the lazy layout
         cuts it to its value's length when the value ends, so room costs nothing unused, and a long value (code,
         a message body) is not cut at a default width. The rest of the skeleton keeps the room it was fitted with,
@@ -410,7 +408,7 @@ class StructuredConstraint(Constraint):
         run.layout = _resized(run.layout, run.active, slots[run.active].length + spare)
         run.index()
 
-    def _close_slot(self, state: DecodeState, run: _Run, length: int, state_cols: dict) -> dict[int, int]:
+    def _close_slot(self, state: RequestView, run: _Run, length: int, state_cols: dict) -> dict[int, int]:
         """The active slot's value is complete after ``length`` tokens: cut the slot there, pin what follows."""
         s = run.active
         layout = run.layout
@@ -429,7 +427,7 @@ class StructuredConstraint(Constraint):
         run.index()
         return self._lay_next(state, run)
 
-    def _pin_forced_lazy(self, state: DecodeState, run: _Run, trial: dict[int, list[int]]) -> dict[int, int]:
+    def _pin_forced_lazy(self, state: RequestView, run: _Run, trial: dict[int, list[int]]) -> dict[int, int]:
         """Commit the active slot's next position while only one token fits there; close the slot when only
         the filler does (the value is complete); go on into the next slot. ``trial``: columns decided this
         step but not written to the canvas yet."""
@@ -459,7 +457,7 @@ class StructuredConstraint(Constraint):
     def filler_token_ids(self) -> frozenset[int]:
         return frozenset() if self.lex.filler_id is None else frozenset({self.lex.filler_id})
 
-    def finished(self, state: DecodeState) -> bool:
+    def finished(self, state: RequestView) -> bool:
         run = self._runs.get(state)
         if run is None or not run.complete or (self.lazy and run.active < len(run.layout.slots)):
             return False

@@ -14,19 +14,16 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from quicksilver.decoding.constraints import Constraint
+from quicksilver.decoding.request_view import RequestView
 from quicksilver.structured.constraint import StructuredOutputError
 from quicksilver.structured.lexicon import lexicon_for
 from quicksilver.structured.values import _string_step
 from quicksilver.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from quicksilver.decoding.denoise import DecodeState
 
 MAX_DEPTH = 8
 _DIGITS = frozenset(b"0123456789")
@@ -169,7 +166,7 @@ class JsonObjectConstraint(Constraint):
         self._states: list[Hashable] = []
         self._table = np.zeros((0, 256), dtype=np.int32)
         self._close = np.zeros(0, dtype=np.int32)
-        self._runs: weakref.WeakKeyDictionary[DecodeState, list] = weakref.WeakKeyDictionary()
+        self._runs: weakref.WeakKeyDictionary[RequestView, list] = weakref.WeakKeyDictionary()
 
     # -- lazy byte table -----------------------------------------------------------------------------
     def _id(self, s: Hashable) -> int:
@@ -213,7 +210,7 @@ class JsonObjectConstraint(Constraint):
         return i
 
     # -- hooks -----------------------------------------------------------------------------------------
-    def pinned_tokens(self, state: DecodeState) -> dict[int, int]:
+    def pinned_tokens(self, state: RequestView) -> dict[int, int]:
         if state.params.stop:
             raise ValueError("stop sequences cannot be combined with structured output (they could cut the JSON)")
         if state.params.max_tokens < 2:
@@ -226,7 +223,7 @@ class JsonObjectConstraint(Constraint):
         self._runs[state] = [first, state.prompt_len + 1, eos if eos in ends else ends[0]]
         return {state.prompt_len: self.open_id[0]}
 
-    def mask_logits(self, state: DecodeState, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def mask_logits(self, state: RequestView, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         sid, front, end_id = self._runs[state]
         allow = torch.zeros_like(logits, dtype=torch.bool)
         vocab = logits.shape[1]
@@ -271,7 +268,7 @@ class JsonObjectConstraint(Constraint):
         run[0], run[1] = sid, front
         return out
 
-    def finished(self, state: DecodeState) -> bool:
+    def finished(self, state: RequestView) -> bool:
         run = self._runs.get(state)
         return run is not None and self._states[run[0]][1] == "done"
 
