@@ -67,13 +67,14 @@ def test_bench_bad_flags_are_one_line_errors(capsys):
         assert "no CUDA device" in capsys.readouterr().err
 
 
-def _rec(tokens, forwards, latency, correct=True, ttft=0.1, task="t"):
-    return Record(task, correct, tokens, forwards, latency, ttft)
+def _rec(tokens, forwards, latency, correct=True, ttft=0.1, task="t", chars=0):
+    return Record(task, correct, tokens, forwards, latency, ttft, chars)
 
 
 def test_summary_counts_useful_tokens_over_total_latency():
-    s = summarise([_rec(10, 2, 0.5), _rec(30, 3, 1.5, correct=False, ttft=None)])
+    s = summarise([_rec(10, 2, 0.5, chars=45), _rec(30, 3, 1.5, correct=False, ttft=None, chars=95)])
     assert s["tokens_per_second"] == pytest.approx(40 / 2.0)
+    assert s["chars_per_second"] == pytest.approx(140 / 2.0)  # the returned text's length: tokenizer-free
     assert s["tokens_per_forward"] == pytest.approx(40 / 5)
     assert s["accuracy"] == 0.5
     assert s["ttft_s_mean"] == pytest.approx(0.1)  # requests without a first token do not count
@@ -119,6 +120,8 @@ def test_speed_only_schedule_forces_full_budgets_and_fixed_commits(tiny_models):
     prompt = Prompt("arithmetic", ex, bc.tokenizer.encode("What is 2+2?"), 16)
     rec = run_one(Config("bc", Decoder(bc.model, bc.tokenizer), p_bc), prompt)
     assert rec.tokens == 16  # EOS ignored: the whole budget is decoded
+    answer = Decoder(bc.model, bc.tokenizer).generate(prompt.ids, p_bc.replace(max_tokens=16)).text
+    assert rec.chars == len(answer) > 0  # the text the user gets, measured in characters
     # up to 4 commits per forward; blocks sit at absolute positions, so a partial first block adds steps
     assert 16 // 4 <= rec.forwards <= 16 // 2
     labels = [label for label, _ in speed_grid(p_bc, 8)]

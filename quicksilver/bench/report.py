@@ -16,14 +16,14 @@ def model_rows(results: dict) -> list[list[str]]:
         s = r["summary"]
         rows.append([
             r["model"], r["variant"] + (" (headline)" if r.get("headline") else ""),
-            _f(s["tokens_per_second"]), _f(s["tokens_per_forward"], 2),
+            _f(s["tokens_per_second"]), _f(s.get("chars_per_second"), 0), _f(s["tokens_per_forward"], 2),
             _f(None if s["ttft_s_mean"] is None else s["ttft_s_mean"] * 1e3),
             _f(s["latency_s_mean"] * 1e3), f"{s['accuracy'] * 100:.1f}",
         ])
     return rows
 
 
-MODEL_HEADER = ["model", "variant", "useful tok/s", "tok/forward", "TTFT ms", "latency ms", "accuracy %"]
+MODEL_HEADER = ["model", "variant", "useful tok/s", "chars/s", "tok/forward", "TTFT ms", "latency ms", "accuracy %"]
 
 
 def markdown(results: dict) -> str:

@@ -59,6 +59,7 @@ class Record:
     forwards: int
     latency_s: float
     ttft_s: float | None
+    chars: int = 0  # characters of the returned text: a rate in these does not depend on the tokenizer
 
 
 def run_one(cfg: Config, prompt: Prompt) -> Record:
@@ -77,6 +78,7 @@ def run_one(cfg: Config, prompt: Prompt) -> Record:
         forwards=state.stats.forwards,
         latency_s=latency,
         ttft_s=None if first is None else first - t0,
+        chars=len(state.stop_text if state.stop_text is not None else tok.decode(state.answer_ids)),
     )
 
 
@@ -119,6 +121,7 @@ def summarise(records: Sequence[Record]) -> dict:
         "forwards": forwards,
         "tokens_per_forward": tokens / forwards if forwards else 0.0,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "chars_per_second": sum(r.chars for r in records) / seconds if seconds else 0.0,
         "ttft_s_mean": statistics.fmean(ttfts) if ttfts else None,
         "ttft_s_p50": percentile(ttfts, 50) if ttfts else None,
         "latency_s_mean": seconds / len(records) if records else 0.0,
