@@ -144,10 +144,18 @@ class Tokenizer:
         return cls(backend, config)
 
 
+def split_digit_runs(pre_tokenizer: pre_tokenizers.PreTokenizer) -> pre_tokenizers.PreTokenizer:
+    """``pre_tokenizer`` after a split of digit runs from what precedes and follows them, so a number is the same
+    tokens wherever it stands: " 08:00" in a request and "08:00" in a JSON answer both hold "08" (without it the
+    request's is " 0" + "8", which a copy head cannot copy). The space before a number becomes its own token."""
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=False), pre_tokenizer])
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str] = SPECIAL_TOKENS) -> Tokenizer:
-    """Train a byte-level BPE whose first ids are ``special_tokens`` (mask=0, eos=1, pad=2 for ours)."""
+    """Train a byte-level BPE whose first ids are ``special_tokens`` (mask=0, eos=1, pad=2 for ours), digit runs
+    split from their neighbours (``split_digit_runs``)."""
     backend = HFTokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.pre_tokenizer = split_digit_runs(pre_tokenizers.ByteLevel(add_prefix_space=False))
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,

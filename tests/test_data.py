@@ -192,3 +192,22 @@ def test_stats_command_measures_a_recipes_mixture(fake_corpus, task_tok, tmp_pat
                  "--recipe", str(recipe), "--json", str(tmp_path / "s.json")]) == 0
     stream = json.loads((tmp_path / "s.json").read_text())["stream"]
     assert stream["mixture"] == {"sudoku": 1.0} and set(stream["per_source"]) == {"sudoku"}
+
+
+def test_a_number_is_the_same_tokens_in_a_request_and_in_a_json_answer(task_tok):
+    """Digit runs are split from their neighbours before BPE, so a request's " 08:00" holds the tokens of the
+    answer's "08:00" (the copy head can copy them), and text round-trips unchanged: in tokenizers trained here and
+    in the shipped one (whose merges predate the split, session 41)."""
+    from quicksilver.loading import MODELS_DIR
+    from quicksilver.tokenizer import Tokenizer
+
+    for tok in (task_tok, tiny_tokenizer(), Tokenizer.load(MODELS_DIR / "default")):
+        def pieces(text: str, backend=tok.backend) -> list[str]:
+            return backend.encode(text).tokens
+
+        request, answer = pieces("book it at 08:00 for 3"), pieces('{"time": "08:00", "people": 3}')
+        number = pieces("08:00")
+        assert any(request[i : i + len(number)] == number for i in range(len(request)))
+        assert any(answer[i : i + len(number)] == number for i in range(len(answer)))
+        for text in ("at 08:00 for 3", "A4548 x3 $12.50", "  7 spaces 007"):
+            assert tok.decode(tok.encode(text)) == text

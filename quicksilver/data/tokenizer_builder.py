@@ -43,5 +43,7 @@ def tokenizer_texts(
 
 
 def build_tokenizer(vocab_size: int = 4096) -> Tokenizer:
-    """A byte-level BPE (special tokens first: mask=0, eos=1, pad=2) for the training mixture."""
+    """A byte-level BPE (special tokens first: mask=0, eos=1, pad=2) for the training mixture. Digit runs are
+    split from their neighbours before the merges are learnt (``split_digit_runs``); the shipped tokenizer's merges
+    were learnt before that split existed, and session 41 added the split to its pre-tokenizer only."""
     return train_bpe(tokenizer_texts(), vocab_size)
