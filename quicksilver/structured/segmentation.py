@@ -34,7 +34,10 @@ def _probes(spec: tuple) -> list[str]:
     if kind == "qstring":
         return [f'"{p}"' for p in _probes(("string",))]
     if kind == "number":
-        return ["52", "1901", "7"] if spec[1] else ["52", "3.25", "7"]
+        probes = ["52", "1901", "7"] if spec[1] else ["52", "3.25", "7"]
+        # a number that may be negative: " -7" is not cut where " 52" is once digits are split from the space
+        # before them (" " + "52" against " -" + "7"), so the space then stays in the slot
+        return probes + ["-7"] if spec[2] is None or float(spec[2]) < 0 else probes
     if kind == "literals":
         return list(spec[1][:MAX_PROBES]) or [""]
     if kind == "union":
