@@ -66,7 +66,7 @@ def run_one(cfg: Config, prompt: Prompt) -> Record:
     params = cfg.params.replace(max_tokens=prompt.max_tokens)
     t0 = time.perf_counter()
     state = cfg.decoder.start(prompt.ids, params)
-    cfg.decoder.run(state)
+    result = cfg.decoder.run(state)
     latency = time.perf_counter() - t0
     tok = cfg.decoder.tokenizer
     output = state.stop_text if state.stop_text is not None else tok.decode(state.answer_ids, skip_special_tokens=False)
@@ -78,7 +78,7 @@ def run_one(cfg: Config, prompt: Prompt) -> Record:
         forwards=state.stats.forwards,
         latency_s=latency,
         ttft_s=None if first is None else first - t0,
-        chars=len(state.stop_text if state.stop_text is not None else tok.decode(state.answer_ids)),
+        chars=len(result.text),  # the text a user gets (Decoder.result)
     )
 
 
