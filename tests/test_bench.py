@@ -142,3 +142,21 @@ def test_int8_is_the_headline_only_where_it_keeps_accuracy():
     rows[1]["summary"]["accuracy"] = 0.595
     assert choose_headline(rows, "diffusion") == "int8"
     assert choose_headline(rows, "diffusion", trust_accuracy=False) == "fp32"  # speed-only: stay with the reference
+
+
+def test_each_model_gets_its_float_reference_compiled_as_a_candidate_row(tiny_models, tmp_path):
+    from quicksilver.bench.runner import BenchOptions, run_bench
+
+    bc, _ar = tiny_models
+    opts = BenchOptions(model=str(bc), ar_model=None, tasks=["arithmetic"], per_task=1, variants=[], threads=1,
+                        sweep=False, concurrency=[], structured=False, reuse_turns=0, forward_reps=1,
+                        out_dir=tmp_path)
+    data = run_bench(opts)
+    for kind in ("diffusion",):  # the AR model's rows are built by the same code (compiling it again costs time)
+        rows = [m for m in data["models"] if m["kind"] == kind]
+        ref = next(m["variant"] for m in rows if m["reference"])
+        assert ref in ("bf16", "fp32")
+        assert [m["variant"] for m in rows] == [ref, ref + "+compile"]
+        assert sum(m["headline"] for m in rows) == 1  # a candidate like any other row: judged on accuracy
+        fwd = {r["variant"] for r in data["forward"] if r["model"] == kind}
+        assert ref + "+compile" in fwd  # its forward latency is in the table too

@@ -26,7 +26,7 @@ from quicksilver.checkpoint import LoadedModel
 from quicksilver.decoding import Decoder
 from quicksilver.decoding.speculative import can_verify
 from quicksilver.devices import place_model
-from quicksilver.variants import as_variant
+from quicksilver.variants import COMPILED, as_variant
 
 # variants measured for the AR model only: they pay off in one-row decode steps and are slower than int8 at the
 # block decoder's row counts (benchmarks/microbench.py linear), so as its headline they would slow its batched serving
@@ -45,6 +45,9 @@ class BenchOptions:
     per_task: int = 2
     # rows besides each model's headline variant (the faster of bf16/fp32 on this machine, measured)
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_CPU_VARIANTS))
+    # also each model's float reference with its layers compiled: the same precision, so usually the same answers,
+    # with less time outside the matrix products (a headline candidate where no int8 row keeps accuracy)
+    compile_reference: bool = True
     threads: int | None = None  # None: the faster of 1 and 2 in the forward benchmark
     sweep: bool = True
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
@@ -204,6 +207,12 @@ def run_bench(opts: BenchOptions) -> dict:
     variants = sorted({"bf16", "fp32", *opts.variants})
     _log(f"forward latency at {chosen_threads} thread(s): variants {variants}")
     fwd = forward_latency(bases, variants, [chosen_threads], reps=opts.forward_reps)
+    compiled_refs = {}
+    if opts.compile_reference:
+        compiled_refs = {kind: _float_variant(fwd, kind) + COMPILED for kind in bases}
+        for kind, v in compiled_refs.items():
+            if v not in variants:
+                fwd += forward_latency({kind: bases[kind]}, [v], [chosen_threads], reps=opts.forward_reps)
     results["forward"] = fwd
 
     # 2. models on the task suite, interleaved prompt by prompt
@@ -217,6 +226,8 @@ def run_bench(opts: BenchOptions) -> dict:
             continue
         head = _float_variant(fwd, kind)
         extra = [x for x in opts.variants if kind == "ar" or x not in ONE_ROW_VARIANTS]
+        if kind in compiled_refs:
+            extra.insert(0, compiled_refs[kind])
         for v in dict.fromkeys([head, *extra]):
             dec = Decoder(as_variant(ld.model, v), ld.tokenizer, ld.defaults)
             decoders[(kind, v)] = dec

@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--variants", default=None,
                    help="extra rows per model besides its fastest of bf16/fp32: comma-separated precisions "
                         "(bf16, fp32, int8, int8w, int8mix), each optionally with +compile (layers compiled, graphs "
-                        "built before timing). Default int8,int8mix,int8w and each +compile; int8w rows for the AR "
-                        "model only; 'none' for no extra rows; off the CPU only bf16 and fp32 apply, default none")
+                        "built before timing). Default int8,int8mix,int8w and each +compile, and the float reference "
+                        "compiled; int8w rows for the AR model only; 'none' for no extra rows; off the CPU only bf16 "
+                        "and fp32 apply, default none")
     p.add_argument("--threads", type=int, help="intra-op threads (default: the faster of 1 and 2, measured)")
     p.add_argument("--device", default="cpu",
                    help="where the models run: cpu (default) or an accelerator such as cuda; the decode loop's "
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         tasks=[t.strip() for t in args.tasks.split(",")] if args.tasks else None,
         per_task=args.per_task or (1 if quick else 2),
         variants=variants,
+        compile_reference=args.variants is None and device.type == "cpu",
         threads=args.threads,
         sweep=not args.no_sweep,
         concurrency=args.concurrency or ([1, 4] if quick else [1, 4, 16, 32]),
