@@ -207,7 +207,7 @@ def warm_up_layers(model: Transformer) -> None:
     to equal each other or a model dimension). The shapes: a prompt wanting some of its rows, a prefill chunk
     wanting none (chunked prefill), then steps of one row and of several over its keys, wanting one row, none or
     all of them. At most seven graphs before attention and two after it for each layer structure. Then, when they
-    are compiled, the one-sequence forward's graphs (three) and the copy head's (five)."""
+    are compiled, the one-sequence forward's graphs (five) and the copy head's (five)."""
     single, model.single_forward = model.single_forward, None  # these packed shapes serve batches (below: one)
     try:
         _warm_up_packed(model)
@@ -251,8 +251,9 @@ def _warm_up_step_outputs(model: Transformer) -> None:
 def _warm_up_single_forward(model: Transformer) -> None:
     """The one-sequence forward's graphs, as a decoder calls it: a prompt with no past, then steps over a past of
     cache views (normal tensors, see :class:`quicksilver.decoding.kv_cache.KVCache`), each with an attention mask
-    (its values do not matter, only that there is one) and wanting several rows (one wanted row is asked for twice:
-    :meth:`Transformer.forward_packed`); and an autoregressive step (one row, no mask). Sizes differ from each other
+    (its values do not matter, only that there is one) and without one (a block that sees all its keys), wanting
+    several rows (one wanted row is asked for twice: :meth:`Transformer.forward_packed`); and an autoregressive
+    step (one row, no mask). Sizes differ from each other
     (17 keys, 13 rows, 5 wanted), so no graph assumes two of them equal."""
     cfg, device = model.config, model.device
     past_len, rows = 17, 13
@@ -265,7 +266,10 @@ def _warm_up_single_forward(model: Transformer) -> None:
     step = positions[past_len:].clone()  # fresh tensors (no storage offset), as a decoder's are
     for keys, prior in ((step, None), (positions, past)):
         mask = additive_mask(keys[None, :] <= step[:, None], model.dtype)  # causal: never all True
-        model.single_forward(model, ids[past_len:].clone(), step, mask, prior, torch.arange(5, device=device))
+        # without a mask too: a block that sees all its keys (policies other than self_speculative decode so; a
+        # graph built in the first such request cost it 1-2 s, docs/performance.md section 30)
+        for m in (mask, None):
+            model.single_forward(model, ids[past_len:].clone(), step, m, prior, torch.arange(5, device=device))
     model.single_forward(model, ids[past_len: past_len + 1].clone(), positions[past_len: past_len + 1].clone(),
                          None, past, torch.zeros(2, dtype=torch.long, device=device))  # one row, wanted twice
 

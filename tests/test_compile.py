@@ -18,9 +18,11 @@ PROMPTS = ("hello", "def add(a, b):", SYSTEM + "The quick brown fox")
 
 
 # (cache kind, precision): the default's cases, and the twin's in both of its int8 precisions; "+copy": with the
-# shipped models' copy head (copy and induction pointers), whose step outputs are compiled too
+# shipped models' copy head (copy and induction pointers), whose step outputs are compiled too; the default decoded
+# with a threshold policy (blocks that see all their keys: steps without a mask), as the bench's sweep and the API's
+# policy field do
 CASES = [("speculative", "int8"), ("speculative", "int8mix"), ("causal", "int8"), ("causal", "int8w"),
-         ("speculative+copy", "int8"), ("causal+copy", "int8")]
+         ("speculative+copy", "int8"), ("causal+copy", "int8"), ("causal_context+copy", "bf16")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
