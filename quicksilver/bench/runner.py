@@ -207,8 +207,8 @@ def run_bench(opts: BenchOptions) -> dict:
     variants = sorted({"bf16", "fp32", *opts.variants})
     _log(f"forward latency at {chosen_threads} thread(s): variants {variants}")
     fwd = forward_latency(bases, variants, [chosen_threads], reps=opts.forward_reps)
-    compiled_refs = {}
-    if opts.compile_reference:
+    compiled_refs: dict[str, str] = {}
+    if opts.compile_reference and torch.device(opts.device).type == "cpu":  # compiling is measured on the CPU only
         compiled_refs = {kind: _float_variant(fwd, kind) + COMPILED for kind in bases}
         for kind, v in compiled_refs.items():
             if v not in variants:
