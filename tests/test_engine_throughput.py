@@ -137,9 +137,9 @@ def test_concurrency_level_keeps_the_engine_full_and_reports_the_sustained_rate(
     lm = LoadedModel(tiny_model(dtype=torch.bfloat16), tok, SamplingParams(), Path("tiny"), "tiny")
     prompts = [Prompt("t", None, tok.encode(t), 8) for t in ("hello there", "def add(a, b):", "yes")]
     alone, level = concurrency_sweep(lm, SamplingParams(max_tokens=8, ignore_eos=True), prompts, [1, 3], 2)
-    assert level["requests"] == 9  # at least three requests per client, however few were asked for
-    assert alone["requests"] == 9 and alone["useful_tokens"] == 9 * 8  # every level serves the same requests
-    assert level["useful_tokens"] == 9 * 8
+    assert level["requests"] == 30  # at least ten requests per client, however few were asked for
+    assert alone["requests"] == 30 and alone["useful_tokens"] == 30 * 8  # every level serves the same requests
+    assert level["useful_tokens"] == 30 * 8
     assert 0 < level["sustained_window_s"] <= level["wall_s"]
     assert level["sustained_tokens_per_second"] > 0
     assert 1 < level["mean_batch"] <= 3  # the clients' requests shared forwards

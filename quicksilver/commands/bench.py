@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "bookkeeping stays on the CPU. Off the CPU only bf16/fp32 rows are measured")
     p.add_argument("--concurrency", type=_int_list, help="concurrency levels (default 1,4,16,32; --quick 1,4)")
     p.add_argument("--requests-per-level", type=int,
-                   help="requests served at each concurrency level (the same at every level), at least three per "
+                   help="requests served at each concurrency level (the same at every level), at least ten per "
                         "client of the busiest level (default 16)")
     p.add_argument("--no-sweep", action="store_true", help="skip the policy/threshold/block-size sweep")
     p.add_argument("--no-ar-concurrency", action="store_true",
