@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         tasks=[t.strip() for t in args.tasks.split(",")] if args.tasks else None,
         per_task=args.per_task or (1 if quick else 2),
         variants=variants,
-        compile_reference=args.variants is None and device.type == "cpu",
+        compile_reference=args.variants is None,  # part of the default rows (the runner skips it off the CPU)
         threads=args.threads,
         sweep=not args.no_sweep,
         concurrency=args.concurrency or ([1, 4] if quick else [1, 4, 16, 32]),
