@@ -33,6 +33,7 @@ import types
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from quicksilver.model import (
@@ -115,14 +116,48 @@ def quantise_linears(model: nn.Module, choose: Callable[[str, nn.Module, nn.Line
     from each (:class:`Int8Linear`, :class:`Int8WeightLinear`), or None to keep it. A mixture-of-experts router always
     stays float: it reads its weight directly, and its choices are discrete; so does a copy head (two tiny products
     per step, whose gate decides between copying and the vocabulary)."""
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if not isinstance(child, nn.Linear) or isinstance(parent, CopyHead) \
-                    or (isinstance(parent, MoE) and name == "gate"):
-                continue
-            quantised = choose(f"{parent_name}.{name}".lstrip("."), parent, child)
-            if quantised is not None:
-                setattr(parent, name, quantised(child))
+    for parent_name, parent, name, child in _quantisable_linears(model):
+        quantised = choose(f"{parent_name}.{name}".lstrip("."), parent, child)
+        if quantised is not None:
+            setattr(parent, name, quantised(child))
+
+
+def _quantisable_linears(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Linear]]:
+    """(parent's name, parent, attribute name, layer) of each linear layer that int8 quantises: all but a copy
+    head's and a mixture-of-experts router's."""
+    return [(parent_name, parent, name, child)
+            for parent_name, parent in list(model.named_modules())
+            for name, child in list(parent.named_children())
+            if isinstance(child, nn.Linear) and not isinstance(parent, CopyHead)
+            and not (isinstance(parent, MoE) and name == "gate")]
+
+
+def round_to_int8_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` rounded as int8 stores it: each row (last dimension) to 255 levels with one scale (its largest magnitude
+    maps to 127), returned in ``t``'s dtype. Gradients pass straight through, as if no rounding happened."""
+    rows = t.detach().float()
+    scale = rows.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127
+    rounded = (rows / scale).round().clamp(-127, 127).mul(scale).to(t.dtype)
+    return t + (rounded - t.detach())
+
+
+class Int8AwareLinear(nn.Linear):
+    """Training only: a linear layer that sees its weights and inputs rounded as :class:`Int8Linear` rounds them
+    (one scale per weight output row, one per input row) and learns through the rounding with straight-through
+    gradients. Weights that trained this way lose less when served in int8. Its state dict is a plain
+    ``nn.Linear``'s, so a checkpoint or exported model does not know it was trained so."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(round_to_int8_rows(x), round_to_int8_rows(self.weight), self.bias)
+
+
+def make_int8_aware(model: nn.Module) -> int:
+    """Make every linear layer that ``--precision int8`` quantises an :class:`Int8AwareLinear`, in place (the same
+    parameters; only the forward changes). Returns how many layers changed."""
+    layers = {id(child): child for *_, child in _quantisable_linears(model)}  # a tied head is one layer
+    for layer in layers.values():
+        layer.__class__ = Int8AwareLinear
+    return len(layers)
 
 
 def stack_projections(model: Transformer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -9,11 +10,21 @@ import sys
 import pytest
 import torch
 
+from quicksilver.checkpoint import load_pretrained
 from quicksilver.decoding import Decoder
 from quicksilver.loading import load_model
 from quicksilver.sampling import SamplingParams
 from quicksilver.testing import save_tiny_model, tiny_model, tiny_tokenizer
-from quicksilver.variants import Int8Linear, Int8WeightLinear, as_variant, precision_of
+from quicksilver.train import TrainOptions, train
+from quicksilver.train.synthetic import toy_recipe
+from quicksilver.variants import (
+    Int8AwareLinear,
+    Int8Linear,
+    Int8WeightLinear,
+    as_variant,
+    make_int8_aware,
+    precision_of,
+)
 from tests.exact_cache_cases import peaked
 
 
@@ -191,3 +202,34 @@ def test_generate_runs_in_int8_from_the_command_line(model_dir):
     bad = subprocess.run([sys.executable, "-m", "quicksilver.cli", "generate", "--model", str(model_dir),
                           "--precision", "int4", "hello"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "int4" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_int8_aware_layers_compute_what_int8_serves_and_learn_through_the_rounding():
+    model = tiny_model("block_causal", token_shift=True, causal_context=True, copy_head=True)
+    aware = copy.deepcopy(model)
+    changed = make_int8_aware(aware)
+    int8 = as_variant(model, "int8")
+    outside_copy_head = {m for m in model.modules() if isinstance(m, torch.nn.Linear)} - set(model.copy_head.modules())
+    assert changed == len(outside_copy_head)  # the layers int8 quantises (q/k/v stacked there)
+    assert not any(isinstance(m, Int8AwareLinear) for m in aware.copy_head.modules())
+    assert aware.state_dict().keys() == model.state_dict().keys()
+    ids = torch.arange(3, 40).unsqueeze(0)
+    with torch.no_grad():
+        served, float_logits = int8(ids)[0], model(ids)[0]
+    rounded = aware(ids)[0]
+    assert (rounded - served).abs().max() < 1e-4  # int8's arithmetic, within float rounding
+    assert (float_logits - served).abs().max() > 1e-3  # and not the float model's
+    rounded.logsumexp(-1).sum().backward()
+    for name, layer in aware.named_modules():  # straight through: every rounded layer's weights learn
+        if isinstance(layer, Int8AwareLinear):
+            assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0, name
+
+
+def test_training_int8_aware_changes_the_steps_and_exports_plain_weights(tmp_path):
+    plain = train(toy_recipe("block", max_steps=3), TrainOptions(run_dir=tmp_path / "a", progress=False))
+    aware = train(toy_recipe("block", max_steps=3, int8_aware=True),
+                  TrainOptions(run_dir=tmp_path / "b", progress=False))
+    assert aware.losses != plain.losses and all(loss == loss for loss in aware.losses)
+    exported = load_pretrained(aware.export_dir).model
+    assert not any(isinstance(m, Int8AwareLinear) for m in exported.modules())
+    assert exported.state_dict().keys() == plain.model.state_dict().keys()

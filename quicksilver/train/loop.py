@@ -31,6 +31,7 @@ from quicksilver.train.objectives import LOSSES, MODE_OF_OBJECTIVE, NoiseSetting
 from quicksilver.train.packing import RowPacker
 from quicksilver.train.recipe import Recipe, TrainSpec
 from quicksilver.train.schedule import lr_at
+from quicksilver.variants import make_int8_aware
 
 TRAINING_STATE = "training_state.json"  # written next to an exported model: how far it was trained
 
@@ -298,6 +299,8 @@ def _train(recipe: Recipe, opts: TrainOptions, world: ddp.World) -> TrainResult:
         (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     cfg = model_config(recipe, tok)
     model = place_model(build_model(cfg, tr.seed), device)  # initialised on the CPU: the same weights anywhere
+    if tr.int8_aware:  # a forward change only: parameters, state dict and checkpoints stay as they are
+        make_int8_aware(model)
     if tr.trainable == "drafts":  # only the draft tower learns: the clean stream stays the weights started from
         model.requires_grad_(False)
         model.draft_layers.requires_grad_(True)

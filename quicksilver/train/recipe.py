@@ -86,6 +86,9 @@ class TrainSpec(_Strict):
     # "drafts": train only the draft tower (model.draft_layers), every shared weight frozen, so the clean
     # stream, and with it a self-speculative decoder's answers, stay exactly those of the weights started from
     trainable: Literal["all", "drafts"] = "all"
+    # every linear layer that int8 serving quantises sees its weights and inputs rounded as int8 rounds them
+    # (quicksilver.variants.Int8AwareLinear, straight-through gradients): weights that lose less in int8
+    int8_aware: bool = False
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(1, gt=0)
