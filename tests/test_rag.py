@@ -198,12 +198,19 @@ def test_augment_messages_adds_sources_and_keeps_input(doc_index):
     snapshot = json.dumps(messages)
     out, sources = augment_messages(doc_index, messages, k=3)
     assert json.dumps(messages) == snapshot  # caller's list untouched
-    assert len(out) == 2 and out[0]["content"].startswith("Be brief.")
-    assert "Elsie Drummond" in out[0]["content"] and "[1]" in out[0]["content"]
+    assert len(out) == 2 and out[0] == messages[0]  # the system turn stays the caller's
+    asked = out[1]["content"]  # the passages, numbered as the sources are, then the question
+    assert asked.startswith("Passages:\n[1] ") and "\n[2] " in asked and "\n[3] " in asked
+    assert asked.endswith("\n\nWho was the keeper of Fenwick Point light?") and "Elsie Drummond" in asked
+    assert asked.index("Elsie Drummond") > asked.index("[1] ") and "(source:" not in asked
     assert len(sources) == 3 and Path(sources[0]["path"]).name == "fenwick_lighthouse.html"
     assert set(sources[0]) == {"id", "path", "title", "lines", "chunk", "score", "text"}
-    out, _ = augment_messages(doc_index, [{"role": "user", "content": "ferry fares"}], k=1)
-    assert out[0]["role"] == "system" and out[1] == {"role": "user", "content": "ferry fares"}
+    assert [s["id"] for s in sources] == [1, 2, 3] and sources[0]["text"].strip() in asked
+    later = [{"role": "user", "content": "ferry fares"}, {"role": "assistant", "content": "Which ferry?"},
+             {"role": "user", "content": "   "}]  # a blank last turn: the question is the last one with text
+    out, _ = augment_messages(doc_index, later, k=1)
+    assert out[1:] == later[1:] and out[0]["content"].startswith("Passages:\n[1] ")
+    assert out[0]["content"].endswith("\n\nferry fares") and "\n[2] " not in out[0]["content"]
     with pytest.raises(IndexStoreError):
         augment_messages(doc_index, [{"role": "user", "content": "x"}], k=0)
     with pytest.raises(IndexStoreError):

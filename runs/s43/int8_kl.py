@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from quicksilver.checkpoint import load_pretrained
 from quicksilver.train.loop import stream_factory
-from quicksilver.train.objectives import _answer_rows, _causal_outputs
+from quicksilver.train.objectives import _causal_outputs
 from quicksilver.train.packing import RowPacker
 from quicksilver.train.recipe import Recipe
 from quicksilver.variants import as_variant
