@@ -12,9 +12,15 @@ from quicksilver.decoding import Decoder  # noqa: E402
 from quicksilver.evaluate import eval_examples  # noqa: E402
 from quicksilver.loading import load_model  # noqa: E402
 from quicksilver.rag import Index  # noqa: E402
-from quicksilver.rag.chat import CONTEXT_HEADER, format_passages, retrieve  # noqa: E402
+from quicksilver.rag.chat import format_passages, retrieve  # noqa: E402
 from quicksilver.rag.chunking import Chunk  # noqa: E402
 from quicksilver.tasks import get_task  # noqa: E402
+
+# the header augment_messages wrote before session 43
+CONTEXT_HEADER = (
+    "Answer using the numbered passages below when they are relevant, and cite them like [1]. "
+    "If they do not contain the answer, say so.\n\nPassages:\n"
+)
 
 
 def layouts(bare, hits):
