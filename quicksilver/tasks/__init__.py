@@ -17,7 +17,7 @@ from quicksilver.tasks.json_extraction import JsonExtraction
 from quicksilver.tasks.json_varied import JsonVaried
 from quicksilver.tasks.planning import Countdown, Sudoku
 from quicksilver.tasks.recall import Recall
-from quicksilver.tasks.retrieval import RetrievalQA
+from quicksilver.tasks.retrieval import RetrievalNear, RetrievalQA
 from quicksilver.tasks.tool_use import ToolAnswer, ToolCall
 from quicksilver.tasks.tool_varied import Sums, ToolVaried
 
@@ -35,6 +35,7 @@ TASKS: dict[str, Task] = {
         Countdown(),
         Sudoku(),
         RetrievalQA(),
+        RetrievalNear(),
         CodeSynthesis(),
         Infilling(),
         AgentStep(),

@@ -1,5 +1,6 @@
 """Retrieval QA over given passages about invented places, people and products (so the answer can only come
-from the passages), including questions the passages do not answer."""
+from the passages), including questions the passages do not answer; and a training drill with passages as a
+search returns them (:class:`RetrievalNear`)."""
 
 from __future__ import annotations
 
@@ -174,3 +175,61 @@ class RetrievalQA(Task):
         want = re.findall(r"[\w']+", example.answer.lower())
         found = any(words[i : i + len(want)] == want for i in range(len(words) - len(want) + 1))
         return found and not is_not_found(text)
+
+
+class RetrievalNear(RetrievalQA):
+    """Training drill: passages as the RAG path hands them over. A search for a made-up name brings back passages
+    about names that look alike (a question about "Nolbel" retrieves "Nolvar" and "Nolmir"), one to five of them,
+    and the shipped models took their facts (docs/rag.md, session 43). Here most passages are about such
+    neighbours; the answer comes from the passage about the asked name itself, or, when no passage is about it
+    or it lacks the fact, the passages do not say. Half the prompts use augment_messages' layout, half the suite
+    task's training wordings."""
+
+    name = "retrieval_near"
+    description = "answer from retrieved passages about look-alike names, or say they do not contain the answer"
+    in_suite = False
+
+    def generate(self, rng: random.Random, split: Split) -> Example:
+        from quicksilver.rag.chat import PASSAGES_HEADER  # the layout augment_messages writes
+
+        check_split(split)
+        syllables = rng.sample(_SYLLABLES, rng.choice((2, 3)))
+        asked = "".join(syllables).capitalize()
+        count = rng.randint(1, 5)
+        names = [asked] if rng.random() < 0.8 else []  # else: only neighbours came back
+        while len(names) < count:
+            name = _look_alike(rng, syllables)
+            if name != asked and name not in names:
+                names.append(name)
+        rng.shuffle(names)
+        passages, known = [], {}
+        for i, e in enumerate(names):
+            facts = _facts(rng)
+            keys = rng.sample(sorted(_FACTS), 3)
+            passages.append(f"[{i + 1}] " + " ".join(_FACTS[k][0].format(e=e, **facts) for k in keys))
+            known[e] = {k: facts[k] for k in keys}
+        if asked in known and rng.random() < 0.85:
+            key = rng.choice(sorted(known[asked]))
+            answer: str | None = known[asked][key]
+        else:
+            key = rng.choice([k for k in sorted(_FACTS) if k not in known.get(asked, {})])
+            answer = None
+        q = pick(rng, _FACTS[key][1], split).format(e=asked)
+        if rng.random() < 0.5:
+            ask = f"{PASSAGES_HEADER}" + "\n".join(passages) + f"\n\n{q}"
+        else:
+            ask = pick(rng, _ASKS, split).format(passages="\n".join(passages), q=q)
+        messages = system_turn(rng, split, _RAG_SYSTEMS, p_none=0.3) + history_turns(rng, split, p=0.1)
+        messages.append(user_turn(rng, split, ask))
+        text = rng.choice(_ANSWERS).format(a=answer) if answer else rng.choice(NOT_FOUND_ANSWERS)
+        return Example(self.name, messages, {"role": "assistant", "content": text}, answer)
+
+
+def _look_alike(rng: random.Random, syllables: list[str]) -> str:
+    """A made-up name sharing the first (mostly) or last syllable of ``syllables``' name."""
+    others = [s for s in _SYLLABLES if s not in syllables]
+    if rng.random() < 0.7:
+        parts = [syllables[0], *rng.sample(others, rng.choice((1, 2)))]
+    else:
+        parts = [*rng.sample(others, rng.choice((1, 2))), syllables[-1]]
+    return "".join(parts).capitalize()
