@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import Counter
 
 import pytest
 
@@ -74,7 +75,7 @@ def _corruptions(ex: Example) -> list[str]:
         ]
     if task == "tool_answer":
         return ["Sorry, I could not get that.", TOOL_CALLS + "[]"]
-    if task == "retrieval":
+    if task in ("retrieval", "retrieval_near"):
         if ans is None:
             return ["Esk.", "1200"]
         return ["The passages do not say.", "I think it is Zzyzx."]
@@ -347,3 +348,23 @@ def test_tool_varied_states_every_argument_and_never_a_held_out_tool_request():
     assert len(requests) > 580  # composed anew: nearly all distinct
     held_requests = {ex.messages[-1]["content"] for ex in _examples("tool_varied", "eval", 60)}
     assert not held_requests & requests
+
+
+def test_retrieval_near_answers_from_the_asked_names_passage_among_look_alikes():
+    from quicksilver.rag.chat import PASSAGES_HEADER
+
+    layouts, absent = Counter(), 0
+    for ex in _examples("retrieval_near", "train", 300):
+        asked, names, prompt = ex.meta["asked"], ex.meta["names"], ex.messages[-1]["content"]
+        passages = re.findall(r"\[\d+\] ([^\n]+)", prompt)  # the first may follow an opener on its line
+        assert len(passages) == len(names) and 1 <= len(names) <= 5
+        for name, passage in zip(names, passages, strict=True):  # passage i is about names[i]
+            assert passage.count(name) == 3 and (name == asked or asked not in passage)
+            if name != asked:  # a look-alike: it shares the asked name's first or last syllable
+                assert name[:2].lower() == asked[:2].lower() or name[-2:] == asked[-2:]
+        if ex.answer is not None:  # the answer is in the asked name's own passage
+            assert ex.answer in passages[names.index(asked)]
+        absent += asked not in names
+        layouts[prompt.lstrip().startswith(PASSAGES_HEADER)] += 1
+    assert 30 <= absent <= 100  # a fifth have no passage about the asked name: their answer is "not found"
+    assert layouts[True] >= 100 and layouts[False] >= 100  # augment_messages' layout and the suite's wordings

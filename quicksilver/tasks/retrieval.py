@@ -222,7 +222,8 @@ class RetrievalNear(RetrievalQA):
         messages = system_turn(rng, split, _RAG_SYSTEMS, p_none=0.3) + history_turns(rng, split, p=0.1)
         messages.append(user_turn(rng, split, ask))
         text = rng.choice(_ANSWERS).format(a=answer) if answer else rng.choice(NOT_FOUND_ANSWERS)
-        return Example(self.name, messages, {"role": "assistant", "content": text}, answer)
+        return Example(self.name, messages, {"role": "assistant", "content": text}, answer,
+                       meta={"asked": asked, "names": names})
 
 
 def _look_alike(rng: random.Random, syllables: list[str]) -> str:
