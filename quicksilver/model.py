@@ -540,7 +540,8 @@ class CopyHead(nn.Module):
         # pointer p reads key/value head p % KV: the pointers of one head as one product over its keys (repeating
         # the keys for every pointer instead copied them all, the largest cost of a many-request step)
         s, r = keys.shape[2], self.n_pointers // self.n_kv
-        q_by_head = q.float().view(b, r, self.n_kv, n, self.head_dim).transpose(1, 2).reshape(b, self.n_kv, r * n, -1)
+        q_by_head = q.float().view(b, r, self.n_kv, n, self.head_dim).transpose(1, 2).reshape(
+            b, self.n_kv, r * n, self.head_dim)  # not -1: a group may select no row (n = 0)
         scores = (q_by_head @ keys.float().transpose(-1, -2)).view(b, self.n_kv, r, n, s).transpose(1, 2)
         scores = scores.reshape(b, self.n_pointers, n, s) / math.sqrt(self.head_dim)  # [B, P, n, S]
         copyable = visible & (tokens[:, None] != self.mask_token_id)  # [B, n, S]

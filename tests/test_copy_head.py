@@ -295,3 +295,26 @@ def test_induction_pointers_follow_keys_by_position_not_by_column():
     ctx = CopyContext(torch.tensor([[2, 2]]), torch.zeros(1, head.n_kv, 5, head.head_dim), tokens, visible,
                       torch.tensor([[0, 1, 2, 1, 2]]))
     assert head._following(ctx.key_positions, tokens, visible).tolist() == [[[6, 7, m, 7, m], [8, 9, m, 9, m]]]
+
+
+@pytest.mark.parametrize("induction", [False, True])
+def test_a_batch_row_with_no_scored_position_gets_no_pointers(induction: bool):
+    # a training batch may score nothing in one of its rows (a short segment whose noise masked no token); that
+    # row's group of pointers is empty, and the others are what they are alone (a session-43 run crashed here)
+    model = copying_model("causal", seed=4, induction=induction)
+    tok = tiny_tokenizer()
+    first_ids = tok.encode("yes no true yes no null")
+    ids = torch.tensor([first_ids, tok.encode("def add(a, b): pass, yes no true")[: len(first_ids)]])
+    n = ids.shape[1]
+    positions = torch.arange(n).expand(2, n)
+    mask = torch.tril(torch.ones(n, n, dtype=torch.bool)).expand(2, n, n)
+    with torch.no_grad():
+        hidden, kvs = model(ids, positions, mask=mask[:, None])
+        ctx = CopyContext(positions, kvs[-1][0], ids, mask, positions)
+        select = torch.zeros(2, n, dtype=torch.bool)
+        select[0, 2:] = True  # the second row scores nothing
+        both = model.copy_head.pointer_weights(hidden, ctx, select)
+        first = model.copy_head.pointer_weights(hidden[:1], CopyContext(
+            positions[:1], kvs[-1][0][:1], ids[:1], mask[:1], positions[:1]), select[:1])
+    assert both.probs.shape[0] == n - 2
+    assert torch.allclose(both.probs, first.probs) and torch.allclose(both.gate, first.gate)
