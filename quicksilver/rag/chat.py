@@ -64,10 +64,6 @@ def last_user_index(messages: list[dict]) -> int:
     raise IndexStoreError("retrieval needs a user message with text to search for")
 
 
-def last_user_text(messages: list[dict]) -> str:
-    return message_text(messages[last_user_index(messages)].get("content")).strip()
-
-
 def source_of(hit: Hit, number: int) -> dict:
     """The JSON-able description of one retrieved passage (what a response lists as its sources)."""
     return {"id": number, "path": hit.path, "title": hit.title, "lines": [hit.line_start, hit.line_end],
@@ -101,15 +97,16 @@ def augment_messages(
     session 43) they answered 15 and 30 of 200 held-out questions instead of 34 and 37 (docs/rag.md). The files
     and lines come back as ``sources``, numbered alike, so citations still resolve. The input list is not
     modified."""
-    hits = retrieve(index_path, last_user_text(messages), k, mode)
+    asked = last_user_index(messages)
+    question = message_text(messages[asked].get("content")).strip()
+    hits = retrieve(index_path, question, k, mode)
     out = [dict(m) for m in messages]
     if not hits:
         return out, []
     # one passage per line, as trained; a blank line between passages that span several lines
     separator = "\n\n" if any("\n" in h.text.strip() for h in hits) else "\n"
     passages = separator.join(f"[{i}] {h.text.strip()}" for i, h in enumerate(hits, 1))
-    asked = last_user_index(out)
-    out[asked]["content"] = f"{PASSAGES_HEADER}{passages}\n\n{message_text(out[asked].get('content')).strip()}"
+    out[asked]["content"] = f"{PASSAGES_HEADER}{passages}\n\n{question}"
     return out, [source_of(h, i) for i, h in enumerate(hits, 1)]
 
 

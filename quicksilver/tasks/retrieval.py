@@ -133,6 +133,17 @@ def _facts(rng: random.Random) -> dict[str, str]:
     }
 
 
+def _numbered_passages(rng: random.Random, names: list[str]) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """One passage per name, "[i] " and three of its facts, and the facts each passage states ({name: {key: value}})."""
+    passages, known = [], {}
+    for i, e in enumerate(names):
+        facts = _facts(rng)
+        keys = rng.sample(sorted(_FACTS), 3)
+        passages.append(f"[{i + 1}] " + " ".join(_FACTS[k][0].format(e=e, **facts) for k in keys))
+        known[e] = {k: facts[k] for k in keys}
+    return passages, known
+
+
 class RetrievalQA(Task):
     name = "retrieval"
     description = "answer from given passages, or say the passages do not contain the answer"
@@ -144,12 +155,7 @@ class RetrievalQA(Task):
             n = _entity(rng)
             if n not in names:
                 names.append(n)
-        passages, known = [], {}
-        for i, e in enumerate(names):
-            facts = _facts(rng)
-            keys = rng.sample(sorted(_FACTS), 3)
-            passages.append(f"[{i + 1}] " + " ".join(_FACTS[k][0].format(e=e, **facts) for k in keys))
-            known[e] = {k: facts[k] for k in keys}
+        passages, known = _numbered_passages(rng, names)
         answerable = rng.random() < 0.75
         if answerable:
             e = rng.choice(names)
@@ -202,12 +208,7 @@ class RetrievalNear(RetrievalQA):
             if name != asked and name not in names:
                 names.append(name)
         rng.shuffle(names)
-        passages, known = [], {}
-        for i, e in enumerate(names):
-            facts = _facts(rng)
-            keys = rng.sample(sorted(_FACTS), 3)
-            passages.append(f"[{i + 1}] " + " ".join(_FACTS[k][0].format(e=e, **facts) for k in keys))
-            known[e] = {k: facts[k] for k in keys}
+        passages, known = _numbered_passages(rng, names)
         if asked in known and rng.random() < 0.85:
             key = rng.choice(sorted(known[asked]))
             answer: str | None = known[asked][key]

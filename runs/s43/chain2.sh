@@ -6,11 +6,7 @@ set -x
 cd "$(dirname "$0")/../.." || exit 1
 L=runs/s43; N=near43
 torchrun --nproc-per-node 2 -m quicksilver.cli train quicksilver/recipes/experiments/$N-default.yaml --resume --threads 1 --no-progress > $L/$N-default-resume.log 2>&1 || exit 1
-for M in default ar-twin; do
-  OMP_NUM_THREADS=2 quicksilver eval --model runs/$N-$M/export --n 100 --json $L/$N-$M-suite.json > $L/$N-$M-suite.log 2>&1
-done
-OMP_NUM_THREADS=2 quicksilver eval --model runs/$N-default/export --tasks tool_call,json,json_varied --n 300 --outputs --json $L/$N-default-300.json > $L/$N-default-300.log 2>&1
-echo evals-done
+scripts/pair_evals.sh $N $L
 for M in default ar-twin; do
   for K in 3 1; do
     OMP_NUM_THREADS=2 python examples/rag_accuracy.py --model runs/$N-$M/export --n 200 --k $K > $L/$N-$M-rag-k$K.log 2>&1
